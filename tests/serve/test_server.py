@@ -1,0 +1,159 @@
+"""Against the real vLLM CPU server with the embedded model (no fakes)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+from openai import NotFoundError, OpenAI
+
+from serve.errors import ServerStartError
+from serve.launcher import Server, ServerConfig, group_members, start_server
+from serve.profile import load_profile
+from tests.conftest import free_port
+
+pytestmark = pytest.mark.integration
+
+# About 2,700 tokens: well past vLLM's KV block size, so a repeat must hit the prefix cache.
+LONG_PREFIX = " ".join(f"Record {i}: sensor {i % 17} read {i * 7} units." for i in range(150))
+
+
+def client(server: Server) -> OpenAI:
+    return OpenAI(base_url=server.api_url, api_key="unused", max_retries=0, timeout=300)
+
+
+def test_both_served_names_answer_from_one_engine(cpu_server: Server) -> None:
+    models = {m.id for m in client(cpu_server).models.list()}
+    assert models == {"target", "compressor"}
+    for name in ("target", "compressor"):
+        reply = client(cpu_server).chat.completions.create(
+            model=name, messages=[{"role": "user", "content": "Say hello."}], max_tokens=8)
+        # vLLM reports the first served name in `model`; what matters is that each name is
+        # accepted and answered (an unknown name gets 404 below).
+        assert reply.choices[0].message.content
+        assert reply.usage is not None and reply.usage.completion_tokens > 0
+    with pytest.raises(NotFoundError):
+        client(cpu_server).chat.completions.create(
+            model="not-served", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+
+
+def _cached(server: Server, model: str, stream: bool) -> int:
+    messages = [{"role": "system", "content": LONG_PREFIX},
+                {"role": "user", "content": "What did sensor 3 read last?"}]
+    c = client(server)
+    if not stream:
+        reply = c.chat.completions.create(model=model, messages=messages,  # type: ignore[arg-type]
+                                          max_tokens=4)
+        usage = reply.usage
+    else:
+        chunks = list(c.chat.completions.create(
+            model=model, messages=messages, max_tokens=4, stream=True,  # type: ignore[arg-type]
+            stream_options={"include_usage": True}))
+        usage = chunks[-1].usage
+    assert usage is not None and usage.prompt_tokens > 2000
+    assert usage.prompt_tokens_details is not None
+    return int(usage.prompt_tokens_details.cached_tokens or 0)
+
+
+def test_repeated_long_prefix_reports_cached_tokens(cpu_server: Server) -> None:
+    _cached(cpu_server, "target", stream=False)
+    assert _cached(cpu_server, "target", stream=False) > 1000
+    # The compressor alias shares the engine, hence the cache; streaming reports it in the
+    # final usage chunk.
+    assert _cached(cpu_server, "compressor", stream=True) > 1000
+
+
+def _metric(text: str, name: str) -> float:
+    values = [float(m.group(1)) for m in re.finditer(rf"^{name}{{[^}}]*}} (\S+)$", text, re.M)]
+    assert values, f"{name} missing from /metrics"
+    return sum(values)
+
+
+def test_metrics_expose_prefix_cache_counters(cpu_server: Server) -> None:
+    _cached(cpu_server, "target", stream=False)
+    text = httpx.get(f"{cpu_server.base_url}/metrics", timeout=10).text
+    queries = _metric(text, "vllm:prefix_cache_queries_total")
+    hits = _metric(text, "vllm:prefix_cache_hits_total")
+    assert queries > 0 and 0 < hits <= queries
+    for gauge in ("vllm:num_requests_running", "vllm:num_requests_waiting",
+                  "vllm:kv_cache_usage_perc"):
+        _metric(text, gauge)
+
+
+def test_server_binds_loopback_only(cpu_server: Server) -> None:
+    port = cpu_server.config.port
+    listening = [c for c in psutil.net_connections(kind="inet")
+                 if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN]
+    assert listening and {c.laddr.ip for c in listening} == {"127.0.0.1"}
+
+
+def test_server_that_dies_while_starting_quotes_its_log(tmp_path: Path) -> None:
+    bad = (Path(__file__).parents[2] / "serve/profiles/cpu-tiny.toml").read_text().replace(
+        'dtype = "bfloat16"', 'dtype = "bfloat16"\nextra_args = ["--no-such-engine-flag"]')
+    (tmp_path / "broken.toml").write_text(bad.replace('name = "cpu-tiny"', 'name = "broken"'))
+    config = ServerConfig(profile=load_profile(str(tmp_path / "broken.toml")), port=free_port(),
+                          log_path=tmp_path / "broken.log", ready_timeout_s=300)
+    with pytest.raises(ServerStartError) as err:
+        start_server(config)
+    message = str(err.value)
+    assert "exited with code" in message and "broken.log" in message
+    assert "--no-such-engine-flag" in message  # vLLM's own complaint, quoted from the log
+
+
+def test_foreground_serve_ctrl_c_stops_every_process(tmp_path: Path) -> None:
+    """`make serve` path: log on the terminal, API key enforced, Ctrl-C leaves nothing behind;
+    then the background path that `make stop` uses, on the same port."""
+    port = free_port()
+    env = {**os.environ, "API_KEY": "test-key", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "serve.cli", "run", "--profile", "cpu-tiny", "--port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    assert proc.stdout is not None
+    log = []
+    deadline = time.monotonic() + 600
+    for line in proc.stdout:
+        log.append(line)
+        if "== serving" in line or time.monotonic() > deadline:
+            break
+    assert any("== serving target, compressor" in line for line in log), "".join(log[-20:])
+    assert any("Application startup complete" in line for line in log)  # vLLM's log, echoed
+    base = f"http://127.0.0.1:{port}/v1/models"
+    assert httpx.get(base, timeout=10).status_code == 401
+    assert httpx.get(base, headers={"Authorization": "Bearer test-key"},
+                     timeout=10).status_code == 200
+    tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    assert len(tree) >= 3  # our CLI, the API server, vLLM's engine core
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 0
+    _assert_gone(tree)
+
+    started = subprocess.run(
+        [sys.executable, "-m", "serve.cli", "run", "--profile", "cpu-tiny", "--port", str(port),
+         "--background"], capture_output=True, text=True, timeout=600, check=False)
+    assert started.returncode == 0, started.stderr
+    pid = int(re.search(r"pid (\d+)", started.stdout).group(1))  # type: ignore[union-attr]
+    tree = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).status_code == 200
+    stopped = subprocess.run([sys.executable, "-m", "serve.cli", "stop", "--port", str(port)],
+                             capture_output=True, text=True, timeout=120, check=False)
+    assert f"stopped server on port {port}" in stopped.stdout
+    _assert_gone(tree)
+    assert not group_members(pid)
+
+
+def _assert_gone(tree: list[psutil.Process]) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        alive = [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        if not alive:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"processes left after stop: {[p.pid for p in alive]}")

@@ -1,0 +1,1 @@
+"""Experiments on a serving stack and their analysis: blocks, regimes, records, reports."""

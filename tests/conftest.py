@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from serve.launcher import Server, ServerConfig, start_server
+from serve.launcher import Server, ServerConfig, is_healthy, start_server
 from serve.profile import load_profile
 
 
@@ -35,7 +35,17 @@ def _private_run_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]
 
 @pytest.fixture(scope="session")
 def cpu_server(_private_run_dir: Path) -> Iterator[Server]:
-    """The real vLLM CPU server on the `cpu-tiny` profile, healthy, on a free port."""
+    """The real vLLM CPU server on the `cpu-tiny` profile, healthy, on a free port.
+
+    For quick local iterations, COMPBENCH_TEST_SERVER_PORT=<port> reuses a cpu-tiny server
+    already running on that port (`make serve`); CI never sets it."""
+    reuse = os.environ.get("COMPBENCH_TEST_SERVER_PORT")
+    if reuse:
+        existing = Server(ServerConfig(profile=load_profile("cpu-tiny"), port=int(reuse)))
+        if not is_healthy(existing.base_url):
+            pytest.exit(f"COMPBENCH_TEST_SERVER_PORT={reuse}: no healthy server there", 2)
+        yield existing  # not ours: never stopped here
+        return
     config = ServerConfig(profile=load_profile("cpu-tiny"), port=free_port(),
                           log_path=_private_run_dir / "session-server.log")
     server = start_server(config)

@@ -1,0 +1,89 @@
+"""Acquisition: run the agent on a task against the served target up to a fork, and save the
+clean history with its provenance."""
+
+from __future__ import annotations
+
+import platform
+import time
+from dataclasses import dataclass
+from importlib.metadata import version
+from typing import Any
+
+import httpx
+from minisweagent.exceptions import InterruptAgentFlow
+
+from histories.agent import FORKED, HistoryAgent, agent_settings
+from histories.chat import ChatModel, ChatModelConfig
+from histories.format import Fork, History
+from histories.tasks import Task
+from histories.workspace import Workspace
+
+
+class AcquisitionError(RuntimeError):
+    """The agent ended before reaching the requested fork."""
+
+
+@dataclass(frozen=True)
+class Acquired:
+    history: History
+    requests: list[dict[str, Any]]
+
+
+def server_version(base_url: str) -> str | None:
+    """vLLM's `/version` (base_url ends with /v1), or None where the server has none."""
+    root = base_url.rstrip("/").removesuffix("/v1")
+    try:
+        reply = httpx.get(f"{root}/version", timeout=10)
+        return str(reply.json().get("version")) if reply.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+def acquire(task: Task, config: ChatModelConfig, *, fork_turn: int | None = None,
+            provenance: dict[str, Any] | None = None) -> Acquired:
+    """Run `task` until the model requests its fork-turn action; execute that action once to
+    record the pending result every arm receives after the fork."""
+    task.check_runnable()
+    turn = fork_turn or task.spec.fork_turn
+    model = ChatModel(config)
+    with Workspace(task) as ws:
+        assert ws.env is not None
+        agent = HistoryAgent(model, ws.env, fork_turn=turn,
+                             **agent_settings(config.protocol, task.spec.step_limit))
+        started = time.time()
+        result = agent.run(task.spec.issue)
+        status = result.get("exit_status")
+        if status != FORKED:
+            raise AcquisitionError(
+                f"task {task.id}: the agent ended with {status} after {agent.action_turns} "
+                f"action turn(s), before the fork at turn {turn}; try another seed or an "
+                "earlier fork (--fork-turn)")
+        messages = agent.messages[:-1]  # drop the Forked exit marker
+        fork_message = messages[-1]
+        action = fork_message["extra"]["actions"][0]
+        try:
+            outputs = [ws.env.execute(action)]
+        except InterruptAgentFlow as flow:  # the pending action is the submit command
+            outputs = [{"output": flow.messages[0].get("content", ""), "returncode": 0,
+                        "exception_info": ""}]
+        observation = model.format_observation_messages(fork_message, outputs,
+                                                        agent.get_template_vars())
+    history = History(
+        messages=messages, task=task.id, arm="clean", reasoning_mode=config.reasoning_mode,
+        action_protocol=config.protocol,
+        fork=Fork(message_index=len(messages) - 1, action=action,
+                  pending_result=observation[0]["content"]),
+        info=agent.serialize()["info"],
+        provenance={
+            "model": config.model_name, "base_url": config.base_url,
+            "server_version": server_version(config.base_url),
+            "task_sha256": task.content_hash(), "fork_turn": turn,
+            "sampling": {"temperature": config.temperature, "max_tokens": config.max_tokens,
+                         "seed": config.seed},
+            "structured_text": config.structured_text and config.protocol == "text",
+            "mini_swe_agent": version("mini-swe-agent"), "host": platform.node(),
+            "acquired_at": started, "model_requests": len(model.records),
+            **(provenance or {}),
+        },
+    )
+    return Acquired(history=history, requests=[r.to_json() for r in model.records])

@@ -1,0 +1,134 @@
+"""GPU telemetry with nvidia-ml-py (NVML), about every second, into `gpu.jsonl` (schema 1).
+
+One line per GPU per sample: `t_s` (time.monotonic minus `origin_s`), `gpu` (index), `name`,
+`utilization_pct`, `memory_used_bytes`, `memory_total_bytes`, `power_w`, `sm_clock_mhz`,
+`energy_j` (the driver's cumulative counter since it loaded: differences give the energy of a
+span). A field the GPU does not report is null. Where NVML is missing or sees no GPU the file
+gets exactly one line, `{"t_s", "telemetry": "off", "reason"}`, and nothing is sampled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType, TracebackType
+from typing import Any
+
+from loadgen.records import JsonlWriter
+
+
+def _load_nvml() -> ModuleType:
+    import pynvml
+
+    module: ModuleType = pynvml
+    return module
+
+
+class GpuSampler:
+    """A daemon thread writing one line per GPU every `interval_s`; see the module docstring.
+
+    `nvml` may be injected (tests pass a stand-in for the NVML library); by default pynvml.
+    `enabled` tells whether telemetry runs; `reason` says why not.
+    """
+
+    def __init__(self, path: str | Path, *, interval_s: float = 1.0, origin: float = 0.0,
+                 nvml: ModuleType | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.writer = JsonlWriter(path)
+        self.interval_s = interval_s
+        self.origin_s = origin
+        self.clock = clock
+        self.enabled = False
+        self.reason: str | None = None
+        self.samples = 0
+        self._nvml = nvml
+        self._handles: list[Any] = []
+        self._names: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gpu-sampler", daemon=True)
+
+    def start(self) -> GpuSampler:
+        try:
+            nvml = self._nvml if self._nvml is not None else _load_nvml()
+            self._nvml = nvml
+            nvml.nvmlInit()
+            count = nvml.nvmlDeviceGetCount()
+            self._handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+            self._names = [_text(nvml.nvmlDeviceGetName(h)) for h in self._handles]
+        except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ImportError...
+            self._off(f"NVML unavailable ({type(exc).__name__}: {exc}); no NVIDIA driver "
+                      "on this machine")
+            return self
+        if not self._handles:
+            self._off("NVML found no GPU (nvmlDeviceGetCount() = 0)")
+            return self
+        self.enabled = True
+        self._thread.start()
+        return self
+
+    def _off(self, reason: str) -> None:
+        self.reason = reason
+        self.writer.write({"t_s": self.clock() - self.origin_s, "telemetry": "off",
+                           "reason": reason})
+
+    def sample_once(self) -> list[dict[str, Any]]:
+        nvml = self._nvml
+        assert nvml is not None
+        rows = []
+        for index, handle in enumerate(self._handles):
+            memory = _try(nvml.nvmlDeviceGetMemoryInfo, handle)
+            power = _try(nvml.nvmlDeviceGetPowerUsage, handle)
+            energy = _try(nvml.nvmlDeviceGetTotalEnergyConsumption, handle)
+            util = _try(nvml.nvmlDeviceGetUtilizationRates, handle)
+            row = {
+                "t_s": self.clock() - self.origin_s, "gpu": index, "name": self._names[index],
+                "utilization_pct": getattr(util, "gpu", None),
+                "memory_used_bytes": getattr(memory, "used", None),
+                "memory_total_bytes": getattr(memory, "total", None),
+                "power_w": power / 1000 if power is not None else None,
+                "sm_clock_mhz": _try(nvml.nvmlDeviceGetClockInfo, handle, nvml.NVML_CLOCK_SM),
+                "energy_j": energy / 1000 if energy is not None else None,
+            }
+            self.writer.write(row)
+            rows.append(row)
+        self.samples += 1
+        return rows
+
+    def _run(self) -> None:
+        next_due = self.clock()
+        while not self._stop.is_set():
+            self.sample_once()
+            next_due = max(next_due + self.interval_s, self.clock())
+            self._stop.wait(max(0.0, next_due - self.clock()))
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        if self.enabled and self._nvml is not None:
+            with contextlib.suppress(Exception):  # telemetry must never fail a run
+                self._nvml.nvmlShutdown()
+            self.enabled = False
+        self.writer.close()
+
+    def __enter__(self) -> GpuSampler:
+        return self.start()
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+
+def _try(call: Callable[..., Any], *args: Any) -> Any:
+    """The value, or None where this GPU does not support the query (NVMLError)."""
+    try:
+        return call(*args)
+    except Exception:
+        return None
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

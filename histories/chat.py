@@ -8,6 +8,9 @@ It streams every response and stamps each chunk on arrival (one monotonic clock)
   `structured_text`, vLLM's structured outputs force a THOUGHT line and one fenced command, which
   is what lets a 135M model produce well-formed actions; the manifest records when it is used.
 
+With `tools` set (decision tasks), the task's tools replace `bash` and replies are parsed by
+`histories.decision_actions` (tool calls of the task's tools, JSON text actions, FINAL lines).
+
 Using the `openai` client instead of litellm avoids litellm's network fetch of a price map at
 start-up (it waits on retries without network) and gives direct access to vLLM's usage fields.
 """
@@ -35,13 +38,16 @@ from openai import OpenAI
 from openai.types.chat import ChatCompletionMessageToolCall
 from pydantic import BaseModel, ConfigDict
 
+from histories.decision_actions import parse_decision_actions
 from histories.policy import HistoryPolicy
 from histories.timing import Clock, monotonic
 from serve.profile import Profile
 
 ACTION_REGEX = r"```bash\s*\n(.*?)\n```"
 # What structured outputs force in the text protocol: one THOUGHT line, then one fenced command.
-STRUCTURED_TEXT_REGEX = r"THOUGHT: [^\n`]{1,400}\n\n```bash\n[^`\n][^`]{0,400}\n```"
+# Unbounded repeats on purpose (max_tokens bounds the length): xgrammar needs about 4 s to
+# compile `{1,400}` on these 2 cores, past vLLM's 5 s limit under load, and 0.02 s for `+`.
+STRUCTURED_TEXT_REGEX = r"THOUGHT: [^\n`]+\n\n```bash\n[^`\n][^`]*\n```"
 OBSERVATION_TEMPLATE = (
     "{% if output.exception_info %}<exception>{{output.exception_info}}</exception>\n{% endif %}"
     "<returncode>{{output.returncode}}</returncode>\n<output>\n{{output.output}}</output>"
@@ -64,7 +70,10 @@ class ChatModelConfig(BaseModel):
     seed: int | None = 0
     request_timeout_s: float = 1800.0
     extra_body: dict[str, Any] = {}
+    tools: list[dict[str, Any]] | None = None
+    """Decision tasks: these tool schemas instead of `bash` (see `histories.decision_actions`)."""
     action_regex: str = ACTION_REGEX
+    structured_regex: str = STRUCTURED_TEXT_REGEX
     observation_template: str = OBSERVATION_TEMPLATE
     format_error_template: str = (
         "Format error: {{error}}. Reply with one THOUGHT line and exactly one ```bash block."
@@ -189,9 +198,9 @@ class ChatModel:
             body["seed"] = self.config.seed
         extra_body = dict(self.config.extra_body)
         if self.config.protocol == "tool_calls":
-            body["tools"] = [BASH_TOOL]
+            body["tools"] = self.config.tools if self.config.tools is not None else [BASH_TOOL]
         elif self.config.structured_text:
-            extra_body["structured_outputs"] = {"regex": STRUCTURED_TEXT_REGEX}
+            extra_body["structured_outputs"] = {"regex": self.config.structured_regex}
         if extra_body:
             body["extra_body"] = extra_body
         return body
@@ -250,6 +259,10 @@ class ChatModel:
     def _parse_actions(self, message: dict[str, Any], finish: str | None) -> list[dict[str, Any]]:
         kwargs = {"format_error_template": self.config.format_error_template,
                   "template_kwargs": {"finish_reason": finish}}
+        if self.config.tools is not None:
+            return parse_decision_actions(
+                message, self.config.protocol, finish_reason=finish,
+                format_error_template=self.config.format_error_template)
         if self.config.protocol == "tool_calls":
             calls = [ChatCompletionMessageToolCall.model_validate(c)
                      for c in message.get("tool_calls", [])]
@@ -273,7 +286,6 @@ def _absorb(got: _Stream, delta: Any) -> None:
         if call.function is not None:
             slot["function"]["name"] += call.function.name or ""
             slot["function"]["arguments"] += call.function.arguments or ""
-
 
 
 def config_for_profile(profile: Profile, base_url: str, seed: int = 0) -> ChatModelConfig:

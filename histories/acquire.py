@@ -12,11 +12,11 @@ from typing import Any
 import httpx
 from minisweagent.exceptions import InterruptAgentFlow
 
-from histories.agent import FORKED, HistoryAgent, agent_settings
+from histories.agent import FORKED, HistoryAgent
 from histories.chat import ChatModel, ChatModelConfig
+from histories.episode import open_episode
 from histories.format import Fork, History
 from histories.tasks import Task
-from histories.workspace import Workspace
 
 
 class AcquisitionError(RuntimeError):
@@ -45,35 +45,46 @@ def acquire(task: Task, config: ChatModelConfig, *, fork_turn: int | None = None
     record the pending result every arm receives after the fork."""
     task.check_runnable()
     turn = fork_turn or task.spec.fork_turn
-    model = ChatModel(config)
-    with Workspace(task) as ws:
-        assert ws.env is not None
-        agent = HistoryAgent(model, ws.env, fork_turn=turn,
-                             **agent_settings(config.protocol, task.spec.step_limit))
+    with open_episode(task, config, fork_turn=fork_turn, to_fork=True) as episode:
+        config = episode.config
+        model = ChatModel(config)
+        fork_at = episode.fork_at
+        agent = HistoryAgent(model, episode.env, fork_turn=turn, fork_at=fork_at,
+                             **episode.settings)
         started = time.time()
         result = agent.run(task.spec.issue)
         status = result.get("exit_status")
         if status != FORKED:
+            where = (f"phase {turn}'s call" if fork_at is not None else f"turn {turn}")
             raise AcquisitionError(
                 f"task {task.id}: the agent ended with {status} after {agent.action_turns} "
-                f"action turn(s), before the fork at turn {turn}; try another seed or an "
+                f"action turn(s), before the fork at {where}; try another seed or an "
                 "earlier fork (--fork-turn)")
         messages = agent.messages[:-1]  # drop the Forked exit marker
         fork_message = messages[-1]
-        action = fork_message["extra"]["actions"][0]
+        actions = fork_message["extra"]["actions"]
+        # the fork's action: the pending phase call where the fork rule names one
+        action = next((a for a in actions if fork_at is not None
+                       and a.get("tool_name") == episode.provenance.get("fork_phase")),
+                      actions[0])
         try:
-            outputs = [ws.env.execute(action)]
+            outputs = [episode.env.execute(action)]
         except InterruptAgentFlow as flow:  # the pending action is the submit command
             outputs = [{"output": flow.messages[0].get("content", ""), "returncode": 0,
                         "exception_info": ""}]
         observation = model.format_observation_messages(fork_message, outputs,
                                                         agent.get_template_vars())
+        extra: dict[str, Any] = dict(episode.provenance)
+        if task.decision is not None:
+            want = task.decision.phases[turn - 1]
+            extra["fork_call_correct"] = outputs[0]["returncode"] == 0 and \
+                action.get("tool_name") == want.name
     history = History(
         messages=messages, task=task.id, arm="clean", reasoning_mode=config.reasoning_mode,
         action_protocol=config.protocol,
         fork=Fork(message_index=len(messages) - 1, action=action,
                   pending_result=observation[0]["content"]),
-        info=agent.serialize()["info"],
+        info=agent.serialize()["info"], tools=episode.tools,
         provenance={
             "model": config.model_name, "base_url": config.base_url,
             "server_version": server_version(config.base_url),
@@ -83,7 +94,7 @@ def acquire(task: Task, config: ChatModelConfig, *, fork_turn: int | None = None
             "structured_text": config.structured_text and config.protocol == "text",
             "mini_swe_agent": version("mini-swe-agent"), "host": platform.node(),
             "acquired_at": started, "model_requests": len(model.records),
-            **(provenance or {}),
+            **extra, **(provenance or {}),
         },
     )
     return Acquired(history=history, requests=[r.to_json() for r in model.records])

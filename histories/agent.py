@@ -3,13 +3,13 @@ stopping at a fork. Prompts for the two action protocols live here."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from minisweagent.agents.default import DefaultAgent
 from minisweagent.exceptions import InterruptAgentFlow
 
 from histories.chat import ChatModel
-from histories.workspace import CappedEnvironment
 
 SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 FORKED = "Forked"
@@ -51,14 +51,21 @@ def agent_settings(protocol: str, step_limit: int) -> dict[str, Any]:
 class HistoryAgent(DefaultAgent):
     """`DefaultAgent` that can (a) start from saved messages instead of rendering the system and
     task messages, and (b) stop at a fork: right after the model requests its `fork_turn`-th
-    action, before that action runs. The fork ends the run with exit status `Forked`."""
+    action, before that action runs. The fork ends the run with exit status `Forked`.
 
-    def __init__(self, model: ChatModel, env: CappedEnvironment, *,
+    `fork_at(message)`, where given, decides the fork instead of the turn count (decision tasks
+    fork at the call of a given phase, however many turns it took to get there). `env` is any
+    mini-swe-agent environment: a `CappedEnvironment` or a `DecisionEnvironment`."""
+
+    def __init__(self, model: ChatModel, env: Any, *,
                  seed_messages: list[dict[str, Any]] | None = None,
-                 fork_turn: int | None = None, **kwargs: Any) -> None:
+                 fork_turn: int | None = None,
+                 fork_at: Callable[[dict[str, Any]], bool] | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(model, env, **kwargs)
         self._seed = seed_messages
         self.fork_turn = fork_turn
+        self.fork_at = fork_at
         self.action_turns = 0
 
     def add_messages(self, *messages: dict[str, Any]) -> list[dict[str, Any]]:
@@ -72,7 +79,9 @@ class HistoryAgent(DefaultAgent):
         message = self.query()
         if message.get("extra", {}).get("actions"):
             self.action_turns += 1
-            if self.action_turns == self.fork_turn:
+            forked = (self.fork_at(message) if self.fork_at is not None
+                      else self.action_turns == self.fork_turn)
+            if forked:
                 raise InterruptAgentFlow(
                     {"role": "exit", "content": FORKED,
                      "extra": {"exit_status": FORKED, "submission": ""}})

@@ -1,9 +1,10 @@
 """A continuation: one arm of a saved history, continued from its fork to a terminal status with
 real tool execution, timed the way the study defines postfork marginal time.
 
-Setup (a fresh workspace copy and the replay of the history's actions) is timed apart and
-excluded; postfork marginal time runs from just before the first postfork request to the end of
-local validation, covering model requests, orchestration, tool execution and patch capture.
+Setup (a fresh workspace copy, or a decision task's fresh session, and the replay of the
+history's actions) is timed apart and excluded; postfork marginal time runs from just before the
+first postfork request to the end of local validation (for decision tasks the exact answer
+check), covering model requests, orchestration, tool execution and patch capture.
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ from typing import Any
 
 from minisweagent.exceptions import InterruptAgentFlow
 
-from histories.agent import HistoryAgent, agent_settings
+from histories.agent import HistoryAgent
 from histories.chat import ChatModel, ChatModelConfig, RequestRecord
+from histories.episode import open_episode
 from histories.format import History, message_action
 from histories.policy import HistoryPolicy
 from histories.tasks import Task
 from histories.timing import Clock, monotonic
-from histories.workspace import Validation, Workspace
+from histories.workspace import Validation
 
 
 @dataclass(frozen=True)
@@ -65,19 +67,19 @@ def continue_history(history: History, task: Task, config: ChatModelConfig, *,
         raise ValueError(f"history of task {history.task} (arm {history.arm}) has no fork with a "
                          "pending result; acquire it with `make histories`")
     task.check_runnable()
-    model = ChatModel(config, clock=clock, policy=policy, on_request=on_request)
     prefix = history.messages[: history.fork.message_index + 1]
-    with Workspace(task) as ws:
-        assert ws.env is not None
+    with open_episode(task, config, step_limit=step_limit) as episode:
+        model = ChatModel(episode.config, clock=clock, policy=policy, on_request=on_request)
         setup_start = clock()
-        for message in prefix:  # replay: bring the workspace to its state at the fork
+        for message in prefix:  # replay: bring the environment to its state at the fork
             action = message_action(message, history.action_protocol)
             if action is not None:
                 with contextlib.suppress(InterruptAgentFlow):
-                    ws.env.execute(action)
+                    episode.env.execute(action)
         setup_s = clock() - setup_start
-        agent = HistoryAgent(model, ws.env, seed_messages=[*prefix, pending_observation(history)],
-                             **agent_settings(config.protocol, step_limit or task.spec.step_limit))
+        agent = HistoryAgent(model, episode.env,
+                             seed_messages=[*prefix, pending_observation(history)],
+                             **episode.settings)
         start = clock()
         error = None
         try:
@@ -86,8 +88,8 @@ def continue_history(history: History, task: Task, config: ChatModelConfig, *,
             submission = str(result.get("submission", ""))
         except Exception as exc:  # the per-arm boundary: record the failure, keep the timing
             error, status, submission = f"{type(exc).__name__}: {exc}", "TransportError", ""
-        patch = ws.patch()
-        validation = ws.validate()
+        patch = episode.patch()
+        validation = episode.validate(submission)
         ended = clock()
         postfork_s = ended - start - model.rewrite_s
     return ContinuationResult(

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from minisweagent.exceptions import Submitted
 from pydantic import BaseModel, ConfigDict
 
 DEFAULT_TASKS_PATH = Path(__file__).resolve().parents[1].parent / "shared" / "data" / \
@@ -290,12 +291,13 @@ def load_decision_task(task_id: str, path: str | Path | None = None) -> Decision
     return tasks[task_id]
 
 
-class DecisionSubmitted(Exception):
-    """The run ended with a final answer. `messages` holds mini-swe-agent's exit message."""
+class DecisionSubmitted(Submitted):
+    """The run ended with a final answer. `messages` holds mini-swe-agent's exit message; being
+    mini-swe-agent's `Submitted`, it ends `DefaultAgent.run` with exit status Submitted."""
 
     def __init__(self, *messages: dict[str, Any]) -> None:
-        self.messages = messages
-        super().__init__(messages[0]["content"] if messages else "")
+        super().__init__(*messages)
+        self.args = (messages[0]["content"] if messages else "",)
 
 
 class DecisionEnvironmentConfig(BaseModel):

@@ -36,7 +36,8 @@ REASONING_MODES = ("native", "tagged-visible")
 ACTION_PROTOCOLS = ("tool_calls", "text")
 # Fence languages that mark a text action: mini-swe-agent v1 (bash), v2 (mswea_bash_command),
 # SWE-agent (untagged). Exactly one such block per turn is an action, as mini-swe-agent requires.
-ACTION_FENCE_LANGS = frozenset({"bash", "sh", "shell", "mswea_bash_command", ""})
+# `json`: a decision task's text-protocol tool call (see histories.decision_actions)
+ACTION_FENCE_LANGS = frozenset({"bash", "sh", "shell", "mswea_bash_command", "json", ""})
 _FENCE_RE = re.compile(r"```([\w-]*)[ \t]*\n(.*?)\n?```", re.DOTALL)
 
 

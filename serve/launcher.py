@@ -142,6 +142,9 @@ def _installed(dist: str) -> bool:
 def check_port(host: str, port: int) -> None:
     """Raise `PortInUseError` naming the holder when host:port cannot be bound."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # As uvicorn binds: connections left in TIME_WAIT by a server that just died must not
+        # count as "in use"; a live listener still does.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError as exc:

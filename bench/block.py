@@ -4,15 +4,14 @@ its record and its duration."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from bench.records import ArmRecord, BlockRecord, RequestRecord, append_record
+from bench.records import ArmRecord, BlockRecord, RequestRecord
 from histories.chat import ChatModelConfig
 from histories.chat import RequestRecord as ClientRecord
 from histories.continuation import ContinuationResult, continue_history
@@ -20,6 +19,7 @@ from histories.format import History
 from histories.policy import HistoryPolicy
 from histories.tasks import Task
 from histories.timing import Clock, monotonic
+from loadgen.records import JsonlWriter
 
 # mini-swe-agent's terminal statuses: reaching one of them (without a transport error) is
 # protocol completion; "TransportError" is ours, for a request that failed.
@@ -38,16 +38,22 @@ class ArmPlan:
 
 class RunWriter:
     """Appends records to a run folder as they happen, on the run's clock (seconds from its
-    start). Thread-safe: arms and the block loop write concurrently."""
+    start). Safe across threads (the arms) and processes: locust appends background requests to
+    the same `requests.jsonl`, so every line goes out in one O_APPEND write (`JsonlWriter`)."""
+
+    FILES = ("requests.jsonl", "arms.jsonl", "blocks.jsonl")
 
     def __init__(self, run_dir: Path, origin: float) -> None:
         self.run_dir = run_dir
         self.origin = origin
-        self._lock = threading.Lock()
+        self._writers = {name: JsonlWriter(run_dir / name) for name in self.FILES}
 
-    def _append(self, name: str, record: object) -> None:
-        with self._lock:
-            append_record(self.run_dir / name, record)
+    def _append(self, name: str, record: ArmRecord | BlockRecord | RequestRecord) -> None:
+        self._writers[name].write(asdict(record))
+
+    def close(self) -> None:
+        for writer in self._writers.values():
+            writer.close()
 
     def request(self, record: ClientRecord, *, regime: str, block: int, source: str) -> None:
         o = self.origin

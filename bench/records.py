@@ -306,14 +306,6 @@ def to_json_line(record: Any) -> str:
     return json.dumps({"schema": SCHEMA_VERSION, **asdict(record)}, sort_keys=False)
 
 
-def append_record(path: Path, record: Any) -> None:
-    """Append one record as it happens; flushed so a crash loses at most this line."""
-    with path.open("a", encoding="utf-8") as handle:
-        handle.write(to_json_line(record) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-
-
 def write_text_atomic(path: Path, text: str) -> None:
     """Write a whole file so readers see the old or the new content, never a half-written one."""
     write_bytes_atomic(path, text.encode("utf-8"))

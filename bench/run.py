@@ -216,6 +216,7 @@ def run_bench(config: BenchConfig, *, stream: TextIO = sys.stderr) -> RunOutcome
                     records += _recover(config, task, model, plans, run_dir, writer, run_id)
         finally:
             progress.stop()
+            writer.close()
     report = None if not records and not done else write_report(run_dir, seed=config.seed)
     return RunOutcome(run_dir=run_dir, records=records, report=report, aborted=aborted)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import platform
 import subprocess
@@ -73,7 +74,5 @@ def build_manifest(config: BenchConfig, profile: Profile, *, run_id: str, base_u
 
 
 def history_hashes(paths: dict[str, Path]) -> dict[str, dict[str, Any]]:
-    import hashlib
-
     return {arm: {"path": str(p), "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
             for arm, p in paths.items()}

@@ -3,7 +3,6 @@ on the server, elapsed and estimated remaining time."""
 
 from __future__ import annotations
 
-import re
 import sys
 import threading
 import time
@@ -11,7 +10,7 @@ from typing import TextIO
 
 import httpx
 
-_WAITING = re.compile(r"^vllm:num_requests_waiting\{[^}]*\} (\S+)$", re.M)
+from loadgen.metrics import parse_metrics
 
 
 def waiting_requests(base_url: str) -> float | None:
@@ -19,8 +18,7 @@ def waiting_requests(base_url: str) -> float | None:
         text = httpx.get(f"{base_url.rstrip('/').removesuffix('/v1')}/metrics", timeout=2).text
     except httpx.HTTPError:
         return None
-    values = [float(v) for v in _WAITING.findall(text)]
-    return sum(values) if values else None
+    return parse_metrics(text)["num_requests_waiting"]
 
 
 class Progress:

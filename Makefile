@@ -72,7 +72,7 @@ lint: install
 
 histories: install
 	$(PY) -m histories.cli acquire --profile $(PROFILE) --port $(PORT) $(if $(TASK),--task $(TASK)) $(if $(BASE_URL),--base-url $(BASE_URL))
-	$(PY) -m histories.compact_cli arms --profile $(PROFILE) --port $(PORT) $(if $(TASK),--task $(TASK)) $(if $(BASE_URL),--base-url $(BASE_URL)) $(if $(EXTERNAL_URL),--external-url $(EXTERNAL_URL))
+	$(PY) -m histories.cli arms --profile $(PROFILE) --port $(PORT) $(if $(TASK),--task $(TASK)) $(if $(BASE_URL),--base-url $(BASE_URL)) $(if $(EXTERNAL_URL),--external-url $(EXTERNAL_URL))
 
 bench: install
 	$(PY) -m bench.cli run --regime $(or $(REGIME),dedicated) --profile $(PROFILE) --port $(PORT) \

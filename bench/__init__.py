@@ -1,1 +1,2 @@
-"""Experiments on a serving stack and their analysis: blocks, regimes, records, reports."""
+"""Experiments on a serving stack and their analysis: running blocks and regimes (`run/`),
+analysing run folders (`analysis/`), rendering reports (`report/`)."""

@@ -1,74 +1,173 @@
-"""`python -m histories.cli`: acquire, audit, import, export and continue agent histories."""
+"""`python -m histories.cli`: acquire, write compaction arms, audit, import, export and continue
+agent histories. Each command parses, calls one library function and prints what it wrote."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from histories.acquire import AcquisitionError, acquire
-from histories.audit import audit as render_audit
-from histories.chat import config_for_profile as model_config
-from histories.continuation import continue_history
-from histories.export import export_minisweagent
-from histories.format import HistoryError, load_history, save_history, write_json_atomic
-from histories.importers import import_history
-from histories.tasks import TaskError, load_task, runnable_tasks
-from serve.cli import pick_profile
-from serve.errors import ServeError
+from common.errors import ExitCode, SuiteError, run_cli
+from common.paths import histories_root, study_root
+from histories.agent.acquisition import acquire
+from histories.agent.audit import audit as render_audit
+from histories.agent.chat import config_for_profile
+from histories.agent.continuation import continue_history
+from histories.compaction.arms import SEED_ARMS, write_arms
+from histories.compaction.compactor import (
+    IDENTITY_MAX_WORDS,
+    CompressorConfig,
+    external_compressor,
+    self_compressor,
+)
+from histories.compaction.endpoint import EndpointConfig
+from histories.compaction.judge import GATES, JudgeConfig, check_gate
+from histories.compaction.lexical import count_words
+from histories.compaction.prompts import REWRITE_PROMPTS
+from histories.format.export import export_minisweagent
+from histories.format.history import load_history, save_history, write_json
+from histories.format.importers import import_history, write_study_histories
+from histories.format.reasoning import thought_label
+from histories.tasks.task import load_task, runnable_tasks
 from serve.launcher import ServerConfig, server_for
+from serve.profile import EXTERNAL_COMPRESSOR_PROFILE, load_profile, resolve_profile
 
-app = typer.Typer(help="Agent histories: acquire to a fork, audit, import, export, continue.",
-                  no_args_is_help=True)
-HISTORY_ROOT = Path(__file__).parent
+app = typer.Typer(help="Agent histories: acquire to a fork, write arms, audit, import, export, "
+                  "continue.", no_args_is_help=True, add_completion=False,
+                  pretty_exceptions_enable=False)
 
 ProfileOpt = Annotated[str, typer.Option(help="server profile ('auto': for this machine)")]
-BaseUrlOpt = Annotated[str | None, typer.Option(help="use this OpenAI-compatible /v1 URL")]
-
-
-def _fail(message: str) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(2)
+UrlOpt = Annotated[str | None, typer.Option(
+    "--base-url", help="use this OpenAI-compatible server (with or without /v1)")]
+RootOpt = Annotated[Path | None, typer.Option(
+    help="history files' root (default: data/histories, or $COMPBENCH_HISTORIES)")]
 
 
 @app.command("acquire")
 def acquire_cmd(
     task: Annotated[str, typer.Option(help="task id, or 'all' for every runnable task")] = "all",
-    profile: ProfileOpt = "auto", port: int = 8000, base_url: BaseUrlOpt = None, seed: int = 0,
-    fork_turn: Annotated[int | None, typer.Option(help="override the task's fork turn")] = None,
-    out: Annotated[Path, typer.Option(help="writes <out>/<task>/clean.json")] = HISTORY_ROOT,
+    profile: ProfileOpt = "auto", port: int = 8000, base_url: UrlOpt = None, seed: int = 0,
+    fork_turn: Annotated[int | None, typer.Option(help="override the task's fork turn",
+                                                  min=1)] = None,
+    out: RootOpt = None,
 ) -> None:
-    """Run the agent to each task's fork and save the clean history."""
-    try:
-        chosen = pick_profile(profile)
-        tasks = [load_task(t) for t in (runnable_tasks() if task == "all" else [task])]
-        with server_for(ServerConfig(profile=chosen, port=port), base_url) as url:
-            for t in tasks:
-                got = acquire(t, model_config(chosen, url, seed),
-                              fork_turn=fork_turn, provenance={"profile": chosen.name})
-                path = out / t.id / "clean.json"
-                save_history(got.history, path)
-                typer.echo(f"{path}: fork at message {got.history.fork.message_index} "  # type: ignore[union-attr]
-                           f"after {len(got.requests)} requests")
-    except (ServeError, TaskError, AcquisitionError, HistoryError) as exc:
-        raise _fail(str(exc)) from None
+    """Run the agent to each task's fork and save `<root>/<task>/clean.json`."""
+    chosen = resolve_profile(profile)
+    root = out or histories_root()
+    tasks = [load_task(t) for t in (runnable_tasks() if task == "all" else [task])]
+    with server_for(ServerConfig(profile=chosen, port=port), base_url) as url:
+        for t in tasks:
+            got = acquire(t, config_for_profile(chosen, url, seed), fork_turn=fork_turn,
+                          provenance={"profile": chosen.name})
+            path = root / t.id / "clean.json"
+            save_history(got.history, path)
+            fork = got.history.fork.message_index if got.history.fork else None
+            typer.echo(f"{path}: fork at message {fork} after {len(got.requests)} requests")
+
+
+@contextlib.contextmanager
+def _compressor_url(wanted: bool, needed: bool, config: ServerConfig,
+                    url: str | None) -> Iterator[str | None]:
+    """The api_url of a compressor's server: None when its arm is not wanted; the URL it would
+    have, without starting it, when no block needs a compressor (every block of at most 12
+    words stays identical, so on cpu-tiny no request is ever sent)."""
+    if not wanted:
+        yield None
+    elif not needed:
+        yield url or config.api_url
+    else:
+        with server_for(config, url) as got:
+            yield got
+
+
+def _needs_compressor(paths: list[Path]) -> bool:
+    for path in paths:
+        for _, block in load_history(path).reasoning_blocks():
+            if count_words(thought_label(block)[1]) > IDENTITY_MAX_WORDS:
+                return True
+    return False
+
+
+@app.command("arms")
+def arms_cmd(
+    task: Annotated[str, typer.Option(help="task id, or 'all' for every runnable task")] = "all",
+    root: RootOpt = None,
+    arms: Annotated[str, typer.Option(help="comma-separated: external, self")] = "external,self",
+    profile: Annotated[str, typer.Option(help="the target's profile ('auto')")] = "auto",
+    port: int = 8000,
+    base_url: UrlOpt = None,
+    external_profile: str = EXTERNAL_COMPRESSOR_PROFILE,
+    external_port: int = 8001,
+    external_url: Annotated[str | None, typer.Option(
+        help="an external compressor's URL (key from $COMPRESSOR_API_KEY)")] = None,
+    external_model: str = "compressor",
+    prompt: Annotated[str, typer.Option(help=f"one of {', '.join(REWRITE_PROMPTS)}")] = (
+        "telegraphic"),
+    cap_per_word: Annotated[float | None, typer.Option(
+        help="first draft cap = this x raw words + 32 tokens (default: 2.0 for the embedded "
+        "external compressor, the study's fixed cap otherwise)")] = None,
+    judge_url: Annotated[str | None, typer.Option(help="fidelity judge URL")] = None,
+    judge_model: str = "judge",
+    gate: Annotated[str, typer.Option(help=f"one of {', '.join(GATES)}")] = "off",
+) -> None:
+    """Write external.json and self.json beside each task's clean.json (ledger and cache in
+    <task>/compaction/)."""
+    wanted = [a.strip() for a in arms.split(",") if a.strip()]
+    if unknown := [a for a in wanted if a not in SEED_ARMS]:
+        raise SuiteError(f"unknown arm(s) {unknown}; known: {', '.join(SEED_ARMS)}")
+    if prompt not in REWRITE_PROMPTS:
+        raise SuiteError(f"unknown prompt {prompt!r}; use one of {', '.join(REWRITE_PROMPTS)}")
+    judge = (JudgeConfig(endpoint=EndpointConfig(api_url=judge_url, model=judge_model))
+             if judge_url else None)
+    chosen_gate = check_gate(gate, judge)
+    base = root or histories_root()
+    ids = runnable_tasks() if task == "all" else [task]
+    paths = [base / t / "clean.json" for t in ids]
+    if missing := [str(p) for p in paths if not p.is_file()]:
+        raise SuiteError(f"no clean history at {', '.join(missing)}; acquire first "
+                         "(`make histories` or `python -m histories.cli acquire`)")
+    target = ServerConfig(profile=resolve_profile(profile), port=port)
+    external = ServerConfig(profile=load_profile(external_profile), port=external_port)
+    needed = _needs_compressor(paths)
+    failed = False
+    with _compressor_url("self" in wanted, needed, target, base_url) as target_url, \
+            _compressor_url("external" in wanted, needed, external, external_url) as ext_url:
+        compressors: dict[str, CompressorConfig] = {}
+        if ext_url is not None:
+            per_word = cap_per_word if cap_per_word or external_url else 2.0
+            compressors["external"] = external_compressor(
+                ext_url, model=external_model, prompt=prompt, max_tokens_per_raw_word=per_word)
+        if target_url is not None:
+            compressors["self"] = self_compressor(
+                target_url, model=target.profile.model.compressor_name, prompt=prompt,
+                max_tokens_per_raw_word=cap_per_word)
+        for path in paths:
+            for result in write_arms(path, compressors, judge=judge, gate=chosen_gate):
+                failed |= not result.written
+                status = "written" if result.written else "NOT written"
+                typer.echo(f"{result.path}: {status}; " + json.dumps(
+                    {k: result.totals.get(k) for k in (
+                        "blocks", "rewritten", "identity-short", "reverted-not-shorter",
+                        "failed", "words_in", "words_out", "latency_s")}))
+                for problem in result.problems:
+                    typer.echo(f"  problem: {problem}", err=True)
+    if failed:
+        raise typer.Exit(ExitCode.FAILED)
 
 
 @app.command("audit")
 def audit_cmd(path: Path, profile: ProfileOpt = "auto", port: int = 8000,
-              base_url: BaseUrlOpt = None, model: str = "target",
+              base_url: UrlOpt = None, model: str = "target",
               json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Render two consecutive requests of a history through the server's /tokenize."""
-    try:
-        history = load_history(path)
-        with server_for(ServerConfig(profile=pick_profile(profile), port=port), base_url) as url:
-            result = render_audit(history, url, model=model,
-                                  api_key=os.environ.get("API_KEY") or "unused")
-    except (ServeError, HistoryError) as exc:
-        raise _fail(str(exc)) from None
+    history = load_history(path)
+    with server_for(ServerConfig(profile=resolve_profile(profile), port=port), base_url) as url:
+        result = render_audit(history, url, model=model, api_key=os.environ.get("API_KEY"))
     typer.echo(json.dumps(result.to_json(), indent=2) if json_out else result.summary())
 
 
@@ -77,36 +176,39 @@ def import_cmd(source: Path, out: Path, task: str | None = None,
                fork: Annotated[int | None, typer.Option(help="assistant message index")] = None,
                ) -> None:
     """Import a trajectory (mini-swe-agent, SWE-agent, OpenAI messages, study record)."""
-    try:
-        save_history(import_history(source, task=task, fork=fork), out)
-    except HistoryError as exc:
-        raise _fail(str(exc)) from None
+    save_history(import_history(source, task=task, fork=fork), out)
     typer.echo(f"wrote {out}")
+
+
+@app.command("import-study")
+def import_study_cmd(
+    src: Annotated[Path | None, typer.Argument(help="folder of *__rep-*.json study records")]
+    = None,
+    out: RootOpt = None,
+) -> None:
+    """Convert every study record into <out>/study/<record>/{clean,external}.json."""
+    for path in write_study_histories(src or study_root() / "records",
+                                      (out or histories_root()) / "study"):
+        typer.echo(str(path))
 
 
 @app.command("export")
 def export_cmd(path: Path, out: Path) -> None:
     """Export a history as a mini-swe-agent trajectory (opens in mini-swe-agent's inspector)."""
-    try:
-        write_json_atomic(export_minisweagent(load_history(path)), out)
-    except HistoryError as exc:
-        raise _fail(str(exc)) from None
+    write_json(out, export_minisweagent(load_history(path)))
     typer.echo(f"wrote {out}")
 
 
 @app.command("continue")
 def continue_cmd(path: Path, profile: ProfileOpt = "auto", port: int = 8000,
-                 base_url: BaseUrlOpt = None, seed: int = 0,
-                 step_limit: int | None = None) -> None:
+                 base_url: UrlOpt = None, seed: int = 0,
+                 step_limit: Annotated[int | None, typer.Option(min=1)] = None) -> None:
     """Continue a saved history from its fork to a terminal status; print the timing."""
-    try:
-        history = load_history(path)
-        chosen = pick_profile(profile)
-        with server_for(ServerConfig(profile=chosen, port=port), base_url) as url:
-            result = continue_history(history, load_task(history.task),
-                                      model_config(chosen, url, seed), step_limit=step_limit)
-    except (ServeError, TaskError, HistoryError, ValueError) as exc:
-        raise _fail(str(exc)) from None
+    history = load_history(path)
+    chosen = resolve_profile(profile)
+    with server_for(ServerConfig(profile=chosen, port=port), base_url) as url:
+        result = continue_history(history, load_task(history.task),
+                                  config_for_profile(chosen, url, seed), step_limit=step_limit)
     typer.echo(json.dumps({
         "task": result.task, "arm": result.arm, "terminal_status": result.terminal_status,
         "turns": result.turns, "setup_s": result.setup_s, "postfork_s": result.postfork_s,
@@ -115,4 +217,4 @@ def continue_cmd(path: Path, profile: ProfileOpt = "auto", port: int = 8000,
 
 
 if __name__ == "__main__":
-    app()
+    run_cli(app)

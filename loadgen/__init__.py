@@ -1,10 +1,12 @@
 """Load generation: sends requests and records them.
 
-- `sse`: our streaming client (every SSE event stamped on arrival, time.monotonic).
-- `fakeserver`: a fake OpenAI-compatible server with exactly known delays (for accuracy tests).
-- `config`, `replay`: background-load configuration; recorded histories as turn plans.
-- `background` + `locustmain`: the locust user and process entry (imported only in locust
-  processes, which import locust first); `runner.BackgroundLoad` starts/stops them.
-- `metrics`, `gpu`: /metrics and NVML samplers; `records`: the append-only JSONL writer.
-- `client_bench`: the client accuracy benchmark (`python -m loadgen.client_bench`).
+- `client`: the one streaming client (arms, compressors and background users all send through
+  it) and `RequestRecord`, the one request record type; `sse`: SSE and chunked decoding.
+- `fakeserver`: the fake OpenAI-compatible server with exactly known delays, scripted replies
+  and injected faults (for accuracy and fault tests).
+- `background`: the background load's config and `BackgroundLoad`, which starts/stops the
+  locust processes (`locust_main`, `locust_user`: imported only there, locust first);
+  `schedule`: recorded histories as background users' schedules of turns.
+- `metrics`, `gpu`: /metrics and NVML samplers.
+- `client_bench`: the client accuracy benchmark (`make bench-client`).
 """

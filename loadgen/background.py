@@ -1,157 +1,249 @@
-"""The locust user that replays background agents (imported only inside locust processes).
+"""Start and stop the background load from the bench (a normal process; never imports locust).
 
-Schedule (open loop): user slot i starts at `t0 + i / spawn_rate`; after each request its next
-one is due at `previous due + planned duration + tool gap` (`loadgen/replay.py`), a time fixed
-by the plan, not by when the reply came back. A user is one agent, so it sends one request at a
-time: when the server is slow a request is sent late, right after the one before it, and
-`sent_s - intended_send_s` records the lag; the schedule never stretches and no request is ever
-skipped. After its last turn a user starts over on the next history of its seeded order.
+    config = BackgroundConfig(server_url="http://127.0.0.1:8000", users=8, regime="overloaded",
+                              out=run_dir / "requests.jsonl", origin=run_start, workers=0)
+    with BackgroundLoad(config) as load:      # start()
+        load.wait_steady(timeout_s=120)       # every user has sent its first request
+        load.set_block(3)                     # background records now carry block 3
+        ...                                   # the arms of the block
+    # stop(): SIGTERM to the process group, SIGKILL after a grace period
 
-Every request fires locust's `events.request` with our own numbers (response_time = whole
-request in ms, plus a separate "ttft" entry) and is appended to the requests JSONL as it ends.
-A request cut short by the load stopping is written too, as an error.
+The locust processes run in a process group of their own, stop by themselves after
+`duration_s`, and stop when this process dies; `stop()` (also registered with `atexit`) kills
+the whole group, so none outlives the bench.
 
-Locust gives no user a global number, so slot = local spawn count * processes + worker index,
-and `t0` comes from the process that starts the load (broadcast to workers as a message).
+`BackgroundConfig` (typed, no locust import) travels to the locust processes as a JSON file;
+everything they need is in it.
 """
 
 from __future__ import annotations
 
-import itertools
+import atexit
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from types import TracebackType
+from typing import Any, Literal
 
-import gevent
-import numpy as np
-from locust import User, task
-from locust.env import Environment
+from pydantic import BaseModel, ConfigDict, Field
 
-from loadgen.config import BackgroundConfig
-from loadgen.records import JsonlWriter
-from loadgen.replay import Turn, load_plans
-from loadgen.sse import StreamClient, prepare
+from common.errors import UnavailableError
+from common.files import write_text_atomic
+from common.net import api_url
+from common.paths import histories_root
 
 
-class Counters:
-    """This process's progress, written to a status file for `BackgroundLoad.wait_steady`."""
+class ReplayOptions(BaseModel):
+    """How a recorded history becomes wire requests (see `loadgen/schedule.py`)."""
 
-    def __init__(self) -> None:
-        self.users = 0  # users spawned here
-        self.started = 0  # users whose first request was sent
-        self.in_flight = 0
-        self.sent = 0
-        self.done = 0
-        self.errors = 0
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
-    def as_dict(self) -> dict[str, int]:
-        return dict(vars(self))
+    # Native `reasoning` fields: drop them (default: most targets reject or ignore a foreign
+    # reasoning field), keep them (targets that accept reasoning on input), or inline them into
+    # the content as <think>...</think> so their tokens count on a target without the field.
+    reasoning: Literal["drop", "keep", "inline"] = "drop"
+    # Tool calls and tool results as recorded, or as plain text (targets without tool support).
+    tool_calls: Literal["keep", "inline"] = "keep"
+    send_tools: bool = False  # send the history's tool schemas (needs tool-choice support)
+    # estimate for capping and missing lengths; headroom for the chat template
+    chars_per_token: float = Field(default=3.5, gt=0)
+    prompt_margin_tokens: int = Field(default=256, ge=0)
+    default_max_tokens: int = Field(default=256, gt=0)
+    default_tool_gap_s: float = Field(default=2.0, ge=0)
+    default_request_s: float = Field(default=10.0, ge=0)
+    # Planned request duration: None = the recorded wall time of the turn (fallback
+    # default_request_s); a number = completion tokens / this rate (a server-speed guess).
+    pace_tokens_per_s: float | None = Field(default=None, gt=0)
+    extra_body: dict[str, object] = Field(default_factory=dict)  # e.g. {"cache_salt": "bg"}
 
 
-class BackgroundAgent(User):
-    """Replays background histories; configured through the class attributes set by `setup`."""
+def _default_histories() -> list[Path]:
+    from loadgen.schedule import default_history_paths
 
-    abstract = False
-    config: ClassVar[BackgroundConfig | None] = None
-    plans: ClassVar[list[list[Turn]]] = []
-    writer: ClassVar[JsonlWriter | None] = None
-    counters: ClassVar[Counters] = Counters()
-    t0: ClassVar[float | None] = None  # schedule start, on time.monotonic
-    processes: ClassVar[int] = 1
-    _spawned: ClassVar[itertools.count[int]] = itertools.count()
+    return default_history_paths(histories_root())
 
-    def __init__(self, environment: Environment) -> None:
-        super().__init__(environment)
-        runner = environment.runner
-        worker = max(0, getattr(runner, "worker_index", 0) or 0)
-        self.slot = next(self._spawned) * self.processes + worker
-        self.counters.users += 1
+
+class BackgroundConfig(BaseModel):
+    """One background load: `users` replaying `histories` against `server_url` until stopped.
+
+    Paths may be relative (resolved when the load starts). Unset: `histories` = the shipped
+    study histories plus any `histories/<task>/clean.json`; `state_dir` = `<out's folder>/
+    background`; `block_file` = `<state_dir>/block`.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    server_url: str  # the server, with or without the /v1 suffix (normalized by `api_url`)
+    model: str = "target"
+    users: int = Field(gt=0)
+    regime: str = "shared"
+    out: Path  # requests.jsonl to append to
+    origin: float = 0.0  # time.monotonic() value the records count from (the run's start)
+    spawn_rate: float = Field(default=1.0, gt=0)  # planned starts per second: user i at i/rate
+    duration_s: float = Field(default=7200.0, gt=0)  # hard bound: the load stops itself then
+    workers: int = Field(default=0, ge=0)  # 0: one local locust process; N: master+N workers
+    max_model_len: int = Field(default=8192, gt=0)  # prompts are capped to fit (replay.py)
+    histories: list[Path] = Field(default_factory=_default_histories)
+    state_dir: Path | None = None
+    block_file: Path | None = None
+    seed: int = 0
+    api_key_env: str | None = "API_KEY"  # the server's key is read from this variable, if set
+    connect_timeout_s: float = Field(default=10.0, gt=0)
+    read_timeout_s: float = Field(default=3600.0, gt=0)
+    replay: ReplayOptions = ReplayOptions()
+
+    @property
+    def api_url(self) -> str:
+        """The OpenAI base URL (`.../v1`)."""
+        return api_url(self.server_url)
+
+    def resolved(self) -> BackgroundConfig:
+        """Absolute paths and the defaults filled in (what the locust processes receive)."""
+        state = (self.state_dir or self.out.parent / "background").resolve()
+        return self.model_copy(update={
+            "out": self.out.resolve(), "state_dir": state,
+            "histories": [h.resolve() for h in self.histories],
+            "block_file": (self.block_file or state / "block").resolve()})
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.model_dump_json(indent=1), encoding="utf-8")
 
     @classmethod
-    def setup(cls, config: BackgroundConfig, processes: int) -> None:
-        cls.config = config
-        cls.plans = load_plans(config.histories, config.replay, model=config.model,
-                               max_model_len=config.max_model_len)
-        cls.writer = JsonlWriter(config.out)
-        cls.processes = max(1, processes)
+    def load(cls, path: str | Path) -> BackgroundConfig:
+        return cls.model_validate_json(Path(path).read_text(encoding="utf-8"))
 
-    @task
-    def replay(self) -> None:
-        config = self.config
-        assert config is not None and self.writer is not None
-        while self.t0 is None:  # workers: until the start message arrives
-            gevent.sleep(0.01)
-        rng = np.random.default_rng([config.seed, self.slot])
-        order = [int(i) for i in rng.permutation(len(self.plans))]
-        client = StreamClient(connect_timeout_s=config.connect_timeout_s,
-                              read_timeout_s=config.read_timeout_s)
-        due = self.t0 + self.slot / config.spawn_rate
-        number = 0
+
+__all__ = ["BackgroundConfig", "BackgroundLoad", "BackgroundLoadError", "LoadStatus",
+           "ReplayOptions"]
+
+
+class BackgroundLoadError(UnavailableError):
+    """The background load did not start or reach steady state; the text says why."""
+
+
+@dataclass(frozen=True)
+class LoadStatus:
+    """The load's counters summed over its processes (see `loadgen.locust_user.Counters`)."""
+
+    processes: int  # status files seen (1 local, or 1 master + N workers)
+    users: int
+    started: int
+    answered: int
+    in_flight: int
+    sent: int
+    done: int
+    ok: int
+    errors: int
+    unauthorized: int
+    last_ok_t: float  # time.monotonic() of the latest successful reply (0: none yet)
+    running: bool
+
+
+class BackgroundLoad:
+    """One background load; see the module docstring. Not reusable after `stop()`."""
+
+    def __init__(self, config: BackgroundConfig, *, stop_grace_s: float = 10.0) -> None:
+        self.config = config.resolved()
+        assert self.config.state_dir is not None
+        self.state_dir = self.config.state_dir
+        self.stop_grace_s = stop_grace_s
+        self.process: subprocess.Popen[bytes] | None = None
+        self.log_path = self.state_dir / "locust.log"
+
+    def start(self) -> BackgroundLoad:
+        if self.process is not None:
+            raise BackgroundLoadError("this background load was already started")
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        for old in self.state_dir.glob("status-*.json"):
+            old.unlink()
+        config_path = self.state_dir / "config.json"
+        self.config.save(config_path)
+        self.set_block(None)
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "loadgen.locust_main", "--config", str(config_path)],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        atexit.register(self.stop)
+        return self
+
+    def set_block(self, block: int | None) -> None:
+        """Label the background records sent from now on with `block` (None: outside blocks)."""
+        if self.config.block_file is None:
+            return
+        write_text_atomic(Path(self.config.block_file), "" if block is None else str(block),
+                          durable=False)
+
+    def status(self) -> LoadStatus:
+        rows: list[dict[str, Any]] = []
+        for path in self.state_dir.glob("status-*.json"):
+            with contextlib.suppress(OSError, ValueError):
+                rows.append(json.loads(path.read_text(encoding="utf-8")))
+
+        def total(key: str) -> int:
+            return sum(int(r.get(key, 0)) for r in rows)
+
+        running = self.process is not None and self.process.poll() is None
+        return LoadStatus(
+            processes=len(rows), users=total("users"), started=total("started"),
+            answered=total("answered"), in_flight=total("in_flight"), sent=total("sent"),
+            done=total("done"), ok=total("ok"), errors=total("errors"),
+            unauthorized=total("unauthorized"),
+            last_ok_t=max((float(r.get("last_ok_t", 0.0)) for r in rows), default=0.0),
+            running=running)
+
+    def wait_steady(self, timeout_s: float = 120.0, *, poll_s: float = 0.2) -> LoadStatus:
+        """Block until every user is spawned and has sent its first request.
+
+        Raises `BackgroundLoadError` (with the log's tail) when the load dies or times out.
+        """
+        deadline = time.monotonic() + timeout_s
+        users = self.config.users
+        while True:
+            status = self.status()
+            if status.users >= users and status.started >= users:
+                return status
+            if not status.running:
+                raise BackgroundLoadError(f"the background load exited before steady state "
+                                          f"({status}); log {self.log_path}:\n{self._tail()}")
+            if time.monotonic() > deadline:
+                raise BackgroundLoadError(
+                    f"no steady state within {timeout_s:.0f}s: {status.users}/{users} users "
+                    f"spawned, {status.started} sent their first request (raise spawn_rate or "
+                    f"the timeout; log {self.log_path})")
+            time.sleep(poll_s)
+
+    def stop(self) -> int | None:
+        """Stop every locust process (idempotent); returns the main process's exit code."""
+        process = self.process
+        if process is None:
+            return None
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=self.stop_grace_s)
+        # workers may linger after the master: the group goes, whatever state it is in
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+        code = process.wait()
+        atexit.unregister(self.stop)
+        return code
+
+    def _tail(self, lines: int = 20) -> str:
         try:
-            for cycle in itertools.count():
-                for turn in self.plans[order[cycle % len(order)]]:
-                    _sleep_until(due)
-                    self._send(client, turn, due, number, cycle)
-                    number += 1
-                    due += turn.planned_s + turn.gap_s
-        finally:
-            client.close()
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
 
-    def _send(self, client: StreamClient, turn: Turn, due: float, number: int,
-              cycle: int) -> None:
-        config = self.config
-        assert config is not None and self.writer is not None
-        request_id = f"bg-{self.slot}-{number}"
-        request = prepare(config.api_url, turn.payload, request_id=request_id,
-                          intended_send_s=due)
-        block = _current_block(config.block_file)
-        labels = {"history": turn.history, "turn": turn.turn, "cycle": cycle, "user": self.slot,
-                  "max_tokens": turn.max_tokens, "max_tokens_source": turn.max_tokens_source}
-        self.counters.started += number == 0
-        self.counters.sent += 1
-        self.counters.in_flight += 1
-        try:
-            result = client.send(request)
-        except BaseException:  # GreenletExit when the load stops: keep the request on record
-            partial = client.current
-            if partial is not None:
-                partial.end_s, partial.status = time.monotonic(), "error"
-                partial.error = "stopped: the background load ended with this request in flight"
-                self.writer.write(partial.record(regime=config.regime, source="background",
-                                                 block=block, origin_s=config.origin,
-                                                 **labels))
-            self.counters.in_flight -= 1
-            raise
-        self.counters.in_flight -= 1
-        self.counters.done += 1
-        self.counters.errors += result.status != "ok"
-        self.writer.write(result.record(regime=config.regime, source="background", block=block,
-                                        origin_s=config.origin, **labels))
-        end = result.end_s if result.end_s is not None else time.monotonic()
-        exception = RuntimeError(result.error) if result.status != "ok" else None
-        events = self.environment.events.request
-        events.fire(request_type="POST", name="chat (background)",
-                    response_time=(end - result.sent_s) * 1000,
-                    response_length=result.completion_tokens or 0, exception=exception,
-                    context={"request_id": request_id}, url=request.url)
-        if result.first_token_s is not None:
-            events.fire(request_type="TTFT", name="chat (background)",
-                        response_time=(result.first_token_s - result.sent_s) * 1000,
-                        response_length=0, exception=None, context={}, url=request.url)
+    def __enter__(self) -> BackgroundLoad:
+        return self.start()
 
-
-def _sleep_until(due: float) -> None:
-    delay = due - time.monotonic()
-    if delay > 0:
-        gevent.sleep(delay)
-
-
-def _current_block(path: Path | None) -> int | None:
-    """The block number the bench wrote to `path` (empty or missing file: outside blocks)."""
-    if not path:
-        return None
-    try:
-        text = path.read_text(encoding="utf-8").strip()
-    except OSError:
-        return None
-    return int(text) if text.lstrip("-").isdigit() else None
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()

@@ -1,14 +1,21 @@
-"""How accurate and how cheap is our streaming client? Prints figures (not a timed test).
+"""How accurate and how cheap are the suite's clients? Prints figures (a benchmark, not a test).
 
     python -m loadgen.client_bench            # `make bench-client`
 
-1. Against the fake server (`loadgen/fakeserver.py`, default 200 ms to first token, 20 ms
-   between tokens), at 1, 64 and 256 concurrent streams, side by side in one run: our client in
-   plain threads, our client under gevent (as inside locust), and vLLM's own benchmark request
-   function (`vllm.benchmarks.lib.endpoint_request_func`, asyncio + aiohttp). Each client runs
-   in a fresh process of its own, one after the other, so CPU is its own and nobody competes.
-   Error = measured minus the fake's configured delay; the fake's own write lateness (its event
-   loop waking late) is printed beside it, since it is in every client's error.
+1. Accuracy against the fake server (`loadgen/fakeserver.py`, default 200 ms to the first
+   token, 20 ms between tokens), at 1, 64 and 256 concurrent streams, side by side in one run:
+   - `arm`: the arms' path, `histories.agent.chat.ChatModel.request` in plain threads (one
+     client per arm thread, as a block runs them; it is `loadgen.client.StreamClient`);
+   - `background`: `StreamClient` under gevent's monkey-patching, as the locust users run it;
+   - `vllm`: vLLM's own benchmark request function (asyncio + aiohttp);
+   - `aiperf`: NVIDIA AIPerf's HTTP client (`aiperf.transports.AioHttpClient`, its SSE parser
+     and its per-chunk `perf_counter_ns` stamps), in its own virtual environment
+     (`.cache/peers/aiperf`, made on first use: AIPerf pins pandas/psutil versions the suite
+     does not use).
+   Each client runs in a fresh process of its own, one after the other, so CPU is its own and
+   nobody competes. Error = measured minus the fake's configured delay; the fake's own write
+   lateness (its event loop waking late) is printed beside it, since it is in every client's
+   error. CPU = the client process's CPU seconds per stream.
 2. The load generator's CPU: 64 background users (locust) plus 3 arm-like client threads
    against the fake server, and the cpu-tiny overloaded regime (8 users) against a real vLLM
    server when one answers at `--vllm-url`.
@@ -32,10 +39,13 @@ import httpx
 import numpy as np
 import psutil
 
-from loadgen.fakeserver import FakeConfig, FakeProcess
+from common.paths import cache_dir
+from loadgen.fakeprocess import FakeConfig, FakeProcess
 
-CLIENTS = ("ours-threads", "ours-gevent", "vllm")
+CLIENTS = ("arm", "background", "vllm", "aiperf")
 MESSAGES = [{"role": "user", "content": "Say something."}]
+AIPERF = "aiperf==0.13.0"
+PEER_DIR = "peers"
 
 
 # --- workers: one process per (client, concurrency) ---------------------------------------
@@ -45,37 +55,53 @@ def _cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _ours(url: str, streams: int, rounds: int, tokens: int, gevent_mode: bool) -> dict[str, Any]:
-    from loadgen.sse import StreamClient, prepare
+def _ours(url: str, streams: int, rounds: int, tokens: int, mode: str) -> dict[str, Any]:
+    from histories.agent.chat import ChatModel, ChatModelConfig
+    from loadgen.client import StreamClient, prepare
 
     ttft: list[float] = []
     itl: list[float] = []
     errors: list[str] = []
-    clients = [StreamClient() for _ in range(streams)]
 
-    def one(client: StreamClient, index: int) -> None:
+    def arm_send(index: int, model: ChatModel) -> None:
+        model.config = model.config.model_copy(update={"max_tokens": tokens})
+        try:
+            record = model.request(MESSAGES).record
+        except Exception as exc:  # a failed request: counted, never raised
+            errors.append(str(exc))
+            return
+        take(record)
+
+    def background_send(index: int, client: StreamClient) -> None:
         request = prepare(url, {"model": "target", "messages": MESSAGES, "max_tokens": tokens},
                           request_id=f"b{index}")
-        result = client.send(request)
-        if result.status != "ok" or result.first_token_s is None:
-            errors.append(result.error or "no token")
+        take(client.send(request).record)
+
+    def take(record: Any) -> None:
+        if record.status != "ok" or record.first_token_s is None:
+            errors.append(record.error or "no token")
             return
-        ttft.append(result.first_token_s - result.sent_s)
-        itl.extend(np.diff(result.chunk_times_s).tolist())
+        ttft.append(record.first_token_s - record.sent_s)
+        itl.extend(np.diff(record.chunk_times_s).tolist())
 
     cpu0, wall0 = _cpu(), time.monotonic()
-    for r in range(rounds):
-        if gevent_mode:
-            import gevent
-
-            gevent.joinall([gevent.spawn(one, c, r * streams + i) for i, c in enumerate(clients)])
-        else:
-            threads = [threading.Thread(target=one, args=(c, r * streams + i))
-                       for i, c in enumerate(clients)]
+    if mode == "arm":
+        config = ChatModelConfig(api_url=url, protocol="text", seed=None, temperature=0.0)
+        models = [ChatModel(config) for _ in range(streams)]
+        for r in range(rounds):
+            threads = [threading.Thread(target=arm_send, args=(r * streams + i, m))
+                       for i, m in enumerate(models)]
             for t in threads:
                 t.start()
             for t in threads:
                 t.join()
+    else:
+        import gevent
+
+        clients = [StreamClient() for _ in range(streams)]
+        for r in range(rounds):
+            gevent.joinall([gevent.spawn(background_send, r * streams + i, c)
+                            for i, c in enumerate(clients)])
     return {"ttft": ttft, "itl": itl, "errors": errors, "cpu_s": _cpu() - cpu0,
             "wall_s": time.monotonic() - wall0}
 
@@ -118,7 +144,7 @@ def _vllm(url: str, streams: int, rounds: int, tokens: int) -> dict[str, Any]:
 def worker_main(argv: list[str] | None = None) -> None:
     """One measurement; prints its JSON on the last stdout line."""
     parser = argparse.ArgumentParser()
-    parser.add_argument("--client", choices=CLIENTS, required=True)
+    parser.add_argument("--client", choices=("arm", "background", "vllm"), required=True)
     parser.add_argument("--url", required=True)
     parser.add_argument("--streams", type=int, required=True)
     parser.add_argument("--rounds", type=int, default=1)
@@ -127,20 +153,51 @@ def worker_main(argv: list[str] | None = None) -> None:
     if args.client == "vllm":
         out = _vllm(args.url, args.streams, args.rounds, args.tokens)
     else:
-        out = _ours(args.url, args.streams, args.rounds, args.tokens,
-                    args.client == "ours-gevent")
+        out = _ours(args.url, args.streams, args.rounds, args.tokens, args.client)
     print(json.dumps(out))
 
 
-def _measure(client: str, url: str, streams: int, rounds: int, tokens: int) -> dict[str, Any]:
-    worker = ["-c", "from loadgen.client_bench import worker_main; worker_main()"]
-    if client == "ours-gevent":  # patched first, as locust does
-        worker = ["-c", "from gevent import monkey; monkey.patch_all(); "
-                        "from loadgen.client_bench import worker_main; worker_main()"]
-    done = subprocess.run([sys.executable, *worker, "--client", client, "--url", url,
-                           "--streams", str(streams), "--rounds", str(rounds),
-                           "--tokens", str(tokens)], capture_output=True, text=True,
-                          check=True, timeout=600)
+# --- the AIPerf peer, in its own environment --------------------------------------------------
+
+def aiperf_python(*, install: bool = True) -> Path | None:
+    """The Python of the AIPerf peer environment (made once, from the package registry)."""
+    venv = cache_dir() / PEER_DIR / "aiperf"
+    python = venv / "bin" / "python"
+    if python.is_file() and (venv / ".installed").is_file():
+        return python
+    if not install:
+        return None
+    print(f"(installing {AIPERF} into {venv} for the peer comparison, once)", flush=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    done = subprocess.run([str(python), "-m", "pip", "install", "-q", AIPERF],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        print(f"AIPerf could not be installed: {done.stderr.strip()[-400:]}", flush=True)
+        return None
+    (venv / ".installed").write_text(AIPERF + "\n")
+    return python
+
+
+def _measure(client: str, url: str, streams: int, rounds: int, tokens: int,
+             aiperf: Path | None) -> dict[str, Any] | None:
+    args = ["--url", url, "--streams", str(streams), "--rounds", str(rounds),
+            "--tokens", str(tokens)]
+    if client == "aiperf":
+        if aiperf is None:
+            return None
+        script = Path(__file__).with_name("peers") / "aiperf_worker.py"
+        command = [str(aiperf), str(script), *args]
+    elif client == "background":  # patched first, as locust does
+        command = [sys.executable, "-c", "from gevent import monkey; monkey.patch_all(); "
+                   "from loadgen.client_bench import worker_main; worker_main()",
+                   "--client", client, *args]
+    else:
+        command = [sys.executable, "-c", "from loadgen.client_bench import worker_main; "
+                   "worker_main()", "--client", client, *args]
+    done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=900)
+    if done.returncode != 0:
+        print(f"  {client}: worker failed: {done.stderr.strip()[-500:]}", flush=True)
+        return None
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
 
@@ -151,28 +208,65 @@ def _q(values: list[float], p: float) -> float:
     return float(np.quantile(values, p)) if values else float("nan")
 
 
-def accuracy(ttft_ms: float, itl_ms: float, tokens: int, levels: list[int]) -> None:
+def accuracy(ttft_ms: float, itl_ms: float, tokens: int, levels: list[int],
+             clients: tuple[str, ...]) -> list[dict[str, Any]]:
+    """Measure every client at every level; print the table; return its rows."""
+    aiperf = aiperf_python() if "aiperf" in clients else None
     print(f"Client accuracy against the fake server ({ttft_ms:.0f} ms TTFT, {itl_ms:.0f} ms "
           f"inter-token, {tokens} tokens per stream); errors = measured - configured, ms\n")
-    head = (f"{'streams':>7} {'client':<13} {'n':>5} {'TTFT mean':>9} {'TTFT err p50':>12} "
-            f"{'p99':>7} {'ITL err p50':>11} {'p99':>7} {'CPU ms/stream':>13} {'fake late p99':>13}"
+    head = (f"{'streams':>7} {'client':<11} {'n':>5} {'TTFT err p50':>12} {'p99':>7} "
+            f"{'ITL err p50':>11} {'p99':>7} {'CPU ms/stream':>13} {'fake late p99':>13}"
             f" {'errors':>6}")
     print(head)
     print("-" * len(head))
+    rows: list[dict[str, Any]] = []
     with FakeProcess(FakeConfig(ttft_ms=ttft_ms, itl_ms=itl_ms, tokens=tokens)) as fake:
         for streams in levels:
             rounds = 20 if streams == 1 else 2 if streams <= 64 else 1
-            for client in CLIENTS:
+            for client in clients:
                 fake.stats(reset=True)
-                r = _measure(client, fake.api_url, streams, rounds, tokens)
+                r = _measure(client, fake.api_url, streams, rounds, tokens, aiperf)
+                if r is None:
+                    print(f"{streams:>7} {client:<11} not measured (see above)", flush=True)
+                    continue
                 late = fake.stats()["lateness_p99_s"] or 0.0
                 n = len(r["ttft"])
                 ttft = [(t * 1000 - ttft_ms) for t in r["ttft"]]
                 itl = [(t * 1000 - itl_ms) for t in r["itl"]]
-                print(f"{streams:>7} {client:<13} {n:>5} {np.mean(r['ttft']) * 1000:>9.1f} "
-                      f"{_q(ttft, .5):>12.2f} {_q(ttft, .99):>7.2f} {_q(itl, .5):>11.2f} "
-                      f"{_q(itl, .99):>7.2f} {r['cpu_s'] * 1000 / max(1, n):>13.2f} "
-                      f"{late * 1000:>13.2f} {len(r['errors']):>6}", flush=True)
+                row = {"streams": streams, "client": client, "n": n,
+                       "ttft_p50": _q(ttft, .5), "ttft_p99": _q(ttft, .99),
+                       "itl_p50": _q(itl, .5), "itl_p99": _q(itl, .99),
+                       "cpu_ms_per_stream": r["cpu_s"] * 1000 / max(1, n),
+                       "fake_late_p99": late * 1000, "errors": len(r["errors"])}
+                rows.append(row)
+                print(f"{streams:>7} {client:<11} {n:>5} {row['ttft_p50']:>12.2f} "
+                      f"{row['ttft_p99']:>7.2f} {row['itl_p50']:>11.2f} {row['itl_p99']:>7.2f} "
+                      f"{row['cpu_ms_per_stream']:>13.2f} {row['fake_late_p99']:>13.2f} "
+                      f"{row['errors']:>6}", flush=True)
+    return rows
+
+
+def verdict(rows: list[dict[str, Any]]) -> list[str]:
+    """Where our clients stand against the targets: at every load no worse than the best peer
+    (p50 and p99 of both errors, absolute), and p50 <= 2 ms, p99 <= 10 ms at 64 streams."""
+    lines = []
+    for streams in sorted({r["streams"] for r in rows}):
+        level = [r for r in rows if r["streams"] == streams]
+        peers = [r for r in level if r["client"] in ("vllm", "aiperf")]
+        for ours in (r for r in level if r["client"] in ("arm", "background")):
+            worse = []
+            for key in ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99"):
+                best = min((abs(p[key]) for p in peers), default=None)
+                if best is not None and abs(ours[key]) > best:
+                    worse.append(f"{key} {abs(ours[key]):.2f} > best peer {best:.2f}")
+            if streams == 64:
+                worse += [f"{k} {abs(ours[k]):.2f} > 2 ms" for k in ("ttft_p50", "itl_p50")
+                          if abs(ours[k]) > 2]
+                worse += [f"{k} {abs(ours[k]):.2f} > 10 ms" for k in ("ttft_p99", "itl_p99")
+                          if abs(ours[k]) > 10]
+            lines.append(f"{streams:>4} streams, {ours['client']}: "
+                         + ("meets the targets" if not worse else "; ".join(worse)))
+    return lines
 
 
 # --- the load generator's CPU -----------------------------------------------------------------
@@ -193,15 +287,14 @@ def _tree_cpu(pid: int) -> float:
     return total
 
 
-def loadgen_cpu(base_url: str, users: int, arms: int, window_s: float, *, label: str,
+def loadgen_cpu(url: str, users: int, arms: int, window_s: float, *, label: str,
                 pace: float | None, max_model_len: int) -> None:
-    from loadgen.config import BackgroundConfig, ReplayOptions
-    from loadgen.runner import BackgroundLoad
-    from loadgen.sse import StreamClient, prepare
+    from loadgen.background import BackgroundConfig, BackgroundLoad, ReplayOptions
+    from loadgen.client import StreamClient, prepare
 
     with tempfile.TemporaryDirectory() as tmp:
         config = BackgroundConfig(
-            base_url=base_url, users=users, regime="bench-client", out=Path(tmp) / "req.jsonl",
+            server_url=url, users=users, regime="bench-client", out=Path(tmp) / "req.jsonl",
             spawn_rate=max(1.0, users / 2), duration_s=window_s + 120,
             max_model_len=max_model_len, replay=ReplayOptions(pace_tokens_per_s=pace))
         stop = threading.Event()
@@ -237,32 +330,44 @@ def loadgen_cpu(base_url: str, users: int, arms: int, window_s: float, *, label:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--ttft-ms", type=float, default=200.0)
     parser.add_argument("--itl-ms", type=float, default=20.0)
     parser.add_argument("--tokens", type=int, default=50)
     parser.add_argument("--levels", default="1,64,256", help="concurrent streams to measure")
+    parser.add_argument("--clients", default=",".join(CLIENTS),
+                        help=f"comma-separated subset of {', '.join(CLIENTS)}")
     parser.add_argument("--window-s", type=float, default=20.0, help="CPU measuring window")
     parser.add_argument("--vllm-url", default="http://127.0.0.1:8000",
                         help="a running vLLM server for the cpu-tiny overloaded figure")
+    parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
     parser.add_argument("--skip-accuracy", action="store_true")
     parser.add_argument("--skip-load", action="store_true")
     args = parser.parse_args(argv)
+    clients = tuple(c for c in args.clients.split(",") if c)
+    if unknown := [c for c in clients if c not in CLIENTS]:
+        parser.error(f"unknown client(s) {unknown}; known: {', '.join(CLIENTS)}")
     print(f"host: {os.cpu_count()} CPUs, python {sys.version.split()[0]}\n")
     if not args.skip_accuracy:
-        accuracy(args.ttft_ms, args.itl_ms, args.tokens,
-                 [int(v) for v in args.levels.split(",")])
+        rows = accuracy(args.ttft_ms, args.itl_ms, args.tokens,
+                        [int(v) for v in args.levels.split(",")], clients)
+        print("\nAgainst the targets (absolute errors, ms):")
+        for line in verdict(rows):
+            print("  " + line)
+        if args.json is not None:
+            args.json.write_text(json.dumps(rows, indent=1) + "\n")
     if args.skip_load:
         return
     print("\nLoad generator CPU (cores = CPU seconds / wall seconds)")
     with FakeProcess(FakeConfig(ttft_ms=args.ttft_ms, itl_ms=args.itl_ms)) as fake:
-        loadgen_cpu(fake.base_url, 64, 3, args.window_s, label="fake server, 64 users + 3 arms",
-                    pace=1000 / args.itl_ms, max_model_len=8192)
+        loadgen_cpu(fake.server_url, 64, 3, args.window_s,
+                    label="fake server, 64 users + 3 arms", pace=1000 / args.itl_ms,
+                    max_model_len=8192)
     try:
         httpx.get(args.vllm_url.rstrip("/") + "/health", timeout=3).raise_for_status()
     except httpx.HTTPError as exc:
-        print(f"cpu-tiny overloaded (8 users): skipped, no server at {args.vllm_url} ({exc}); "
-              "start one with `make serve`")
+        print(f"cpu-tiny overloaded (8 users): not measured, no server at {args.vllm_url} "
+              f"({type(exc).__name__}); start one with `make serve`")
         return
     loadgen_cpu(args.vllm_url, 8, 0, args.window_s, label="vLLM cpu-tiny, overloaded 8 users",
                 pace=None, max_model_len=8192)

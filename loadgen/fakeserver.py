@@ -1,17 +1,33 @@
-"""A fake OpenAI-compatible streaming server whose timing is known exactly.
+"""The one fake OpenAI-compatible server: timing known exactly, replies scripted, faults injected.
 
-It exists to measure clients against the truth (DESIGN: the one allowed fake). Every streamed
+It exists where the truth must be known exactly (DESIGN: the one allowed fake): client timing
+accuracy, fault handling, and the rules of the agent loop and the compactor. Every streamed
 response puts its first token at `sent + ttft` and token i at `sent + ttft + i * itl` on the
 event loop's monotonic clock, where `sent` is when the request's body was fully read. Events are
 scheduled on absolute times, so a late wake-up never shifts later tokens; how late the server
 itself wrote each event is kept and served at `/fake/stats`, so a client benchmark can tell
 server lateness from client error.
 
-Endpoints: POST /v1/chat/completions (stream and non-stream; honours `max_tokens` /
-`max_completion_tokens`, else `--tokens`; `stream_options.include_usage`), GET /v1/models,
-/health, /metrics (vllm:* gauges and counters), /fake/stats, /fake/reset. A request body may
-carry `"fake": {"ttft_ms", "itl_ms", "fail_after_tokens", "status"}` to override timing or
-inject a fault (close mid-stream after N tokens, or answer with an HTTP error status).
+Replies: by default `"tok "` repeated `max_tokens` (else `--tokens`) times, or the fixed
+`--default-content`. A test can queue
+scripted replies (`POST /fake/script` with a JSON list, `FakeProcess.script`); each request takes
+the next one, which may set:
+
+- `content`, `reasoning` (streamed word by word), `tool_calls` ([{"name", "arguments"}]),
+  `finish_reason`, `usage` (merged over the computed one);
+- `ttft_ms`, `itl_ms`: this reply's timing;
+- faults: `status` (an HTTP error status, body `{"error": ...}`), `body` (raw bytes sent as the
+  whole response body: garbage, or a non-completion), `fail_after_tokens` (close the connection
+  mid-stream), `stall_after_tokens` (stop sending, keep the connection open for `stall_s`),
+  `events` (raw SSE data payloads sent instead of the generated ones, e.g. `1` or
+  `{"choices":[1]}`), `separator` (`"\\n\\n"`, `"\\r\\n\\r\\n"` or `"\\r\\r"`).
+
+A request body may also carry `"fake": {...}` with the same keys. `GET /fake/requests` returns
+every request body received (with its path and Authorization header); `POST /fake/reset`
+clears bodies, script and lateness. `loadgen.fakeprocess.FakeProcess` runs the server in a
+subprocess and drives these. Endpoints: POST /v1/chat/completions (stream and non-stream;
+`stream_options.include_usage`), GET /v1/models, /health, /version, /metrics (vllm:* gauges and
+counters).
 
     python -m loadgen.fakeserver --port 8100 --ttft-ms 200 --itl-ms 20 --tokens 64
 
@@ -24,14 +40,15 @@ import argparse
 import asyncio
 import contextlib
 import json
+import re
 import socket
-import subprocess
-import sys
 import time
-import urllib.request
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
+
+_WORDS = re.compile(r"\S+\s*|\s+")
 
 
 @dataclass(frozen=True)
@@ -44,6 +61,7 @@ class FakeConfig:
     models: tuple[str, ...] = ("target", "compressor")
     max_model_len: int = 8192
     cached_tokens: int = 0
+    default_content: str | None = None  # unscripted replies: this text instead of "tok " x N
 
 
 @dataclass
@@ -52,6 +70,12 @@ class _State:
     requests: int = 0
     prompt_tokens: int = 0
     lateness_s: list[float] = field(default_factory=list)
+    bodies: list[dict[str, Any]] = field(default_factory=list)
+    script: deque[dict[str, Any]] = field(default_factory=deque)
+
+
+def _pieces(text: str) -> list[str]:
+    return _WORDS.findall(text) if text else []
 
 
 class FakeServer:
@@ -88,8 +112,8 @@ class FakeServer:
                 body = await reader.readexactly(length) if length else b""
                 received = asyncio.get_running_loop().time()
                 keep = headers.get("connection", "").lower() != "close"
-                keep = await self._route(method, target.split("?")[0], body, received, writer) \
-                    and keep
+                keep = await self._route(method, target.split("?")[0], body, received, writer,
+                                         headers) and keep
                 if not keep:
                     break
         except (asyncio.IncompleteReadError, ConnectionError, ValueError):
@@ -99,9 +123,11 @@ class FakeServer:
                 writer.close()
 
     async def _route(self, method: str, path: str, body: bytes, received: float,
-                     writer: asyncio.StreamWriter) -> bool:
+                     writer: asyncio.StreamWriter, headers: dict[str, str]) -> bool:
         if path == "/health":
             return await _respond(writer, 200, b"", "text/plain")
+        if path == "/version":
+            return await _respond_json(writer, 200, {"version": "fake-1"})
         if path == "/v1/models":
             data = [{"id": m, "object": "model", "owned_by": "fake",
                      "max_model_len": self.config.max_model_len} for m in self.config.models]
@@ -110,11 +136,25 @@ class FakeServer:
             return await _respond(writer, 200, self._metrics().encode(), "text/plain")
         if path == "/fake/stats":
             return await _respond_json(writer, 200, self.stats())
+        if path == "/fake/requests":
+            return await _respond_json(writer, 200, self.state.bodies)
+        if path == "/fake/script" and method == "POST":
+            replies = json.loads(body or b"[]")
+            self.state.script.extend(replies if isinstance(replies, list) else [replies])
+            return await _respond_json(writer, 200, {"queued": len(self.state.script)})
         if path == "/fake/reset":
             self.state.lateness_s.clear()
+            self.state.bodies.clear()
+            self.state.script.clear()
             return await _respond_json(writer, 200, {"reset": True})
         if path == "/v1/chat/completions" and method == "POST":
-            return await self._chat(json.loads(body or b"{}"), received, writer)
+            try:
+                request = json.loads(body or b"{}")
+            except ValueError:
+                return await _respond_json(writer, 400, {"error": {"message": "bad JSON"}})
+            self.state.bodies.append({"path": path, "authorization": headers.get(
+                "authorization"), **request})
+            return await self._chat(request, received, writer)
         return await _respond_json(writer, 404, {"error": {"message": f"no route {path}"}})
 
     def stats(self) -> dict[str, Any]:
@@ -148,79 +188,142 @@ class FakeServer:
             "",
         ])
 
+    def _reply(self, body: dict[str, Any]) -> dict[str, Any]:
+        scripted = self.state.script.popleft() if self.state.script else {}
+        fake = body.get("fake") or {}
+        return {**scripted, **(fake if isinstance(fake, dict) else {})}
+
     async def _chat(self, body: dict[str, Any], received: float,
                     writer: asyncio.StreamWriter) -> bool:
-        fake = body.get("fake") or {}
-        if fake.get("status"):
-            return await _respond_json(writer, int(fake["status"]),
-                                       {"error": {"message": "injected failure"}})
+        reply = self._reply(body)
         cfg = self.config
-        tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or cfg.tokens)
-        ttft = float(fake.get("ttft_ms", cfg.ttft_ms)) / 1000
-        itl = float(fake.get("itl_ms", cfg.itl_ms)) / 1000
-        fail_after = fake.get("fail_after_tokens")
+        if reply.get("status"):
+            return await _respond_json(writer, int(reply["status"]),
+                                       {"error": {"message": "injected failure"}})
+        if reply.get("body") is not None and not body.get("stream"):
+            raw = reply["body"]
+            return await _respond(writer, 200, (raw if isinstance(raw, str) else json.dumps(
+                raw)).encode(), "application/json")
+        if not reply and cfg.default_content is not None:
+            reply = {"content": cfg.default_content}
+        scripted = any(k in reply for k in ("content", "reasoning", "tool_calls"))
+        if scripted:
+            pieces: list[tuple[str, Any]] = [
+                ("reasoning", p) for p in _pieces(str(reply.get("reasoning") or ""))]
+            pieces += [("content", p) for p in _pieces(str(reply.get("content") or ""))]
+            calls = reply.get("tool_calls") or []
+            pieces += [("tool_call", i) for i in range(len(calls))]
+        else:
+            tokens = int(body.get("max_completion_tokens") or body.get("max_tokens")
+                         or cfg.tokens)
+            pieces = [("content", "tok ")] * tokens
+            calls = []
+        ttft = float(reply.get("ttft_ms", cfg.ttft_ms)) / 1000
+        itl = float(reply.get("itl_ms", cfg.itl_ms)) / 1000
         prompt = max(1, len(json.dumps(body.get("messages") or [])) // 4)
-        usage = {"prompt_tokens": prompt, "completion_tokens": tokens,
-                 "total_tokens": prompt + tokens,
-                 "prompt_tokens_details": {"cached_tokens": min(cfg.cached_tokens, prompt)}}
+        usage = {"prompt_tokens": prompt, "completion_tokens": max(1, len(pieces)),
+                 "total_tokens": prompt + len(pieces),
+                 "prompt_tokens_details": {"cached_tokens": min(cfg.cached_tokens, prompt)},
+                 **(reply.get("usage") or {})}
+        finish = reply.get("finish_reason") or ("tool_calls" if calls else
+                                                "stop" if scripted else "length")
         rid, model = f"chatcmpl-{uuid.uuid4().hex[:16]}", body.get("model", cfg.models[0])
         self.state.requests += 1
         self.state.prompt_tokens += prompt
         self.state.running += 1
         try:
             if not body.get("stream"):
-                await asyncio.sleep(max(0.0, received + ttft + (tokens - 1) * itl
+                await asyncio.sleep(max(0.0, received + ttft + max(0, len(pieces) - 1) * itl
                                         - asyncio.get_running_loop().time()))
-                message = {"role": "assistant", "content": "tok " * tokens}
+                message: dict[str, Any] = {
+                    "role": "assistant",
+                    "content": "".join(p for k, p in pieces if k == "content")}
+                if reply.get("reasoning"):
+                    message["reasoning"] = reply["reasoning"]
+                if calls:
+                    message["tool_calls"] = [_call(c, i) for i, c in enumerate(calls)]
                 return await _respond_json(writer, 200, {
                     "id": rid, "object": "chat.completion", "created": int(time.time()),
                     "model": model, "usage": usage, "choices": [
-                        {"index": 0, "message": message, "finish_reason": "length"}]})
+                        {"index": 0, "message": message, "finish_reason": finish}]})
             writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
                          b"transfer-encoding: chunked\r\ncache-control: no-cache\r\n\r\n")
             await writer.drain()
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return await self._stream(writer, rid, model, tokens, received + ttft, itl,
-                                      fail_after, usage if include_usage else None)
+            return await self._stream(writer, rid, model, pieces, calls, received + ttft, itl,
+                                      reply, finish, usage if include_usage else None)
         finally:
             self.state.running -= 1
 
-    async def _stream(self, writer: asyncio.StreamWriter, rid: str, model: str, tokens: int,
-                      first: float, itl: float, fail_after: Any,
+    async def _stream(self, writer: asyncio.StreamWriter, rid: str, model: str,
+                      pieces: list[tuple[str, Any]], calls: list[dict[str, Any]], first: float,
+                      itl: float, reply: dict[str, Any], finish: str,
                       usage: dict[str, Any] | None) -> bool:
         loop = asyncio.get_running_loop()
+        sep = str(reply.get("separator") or "\n\n").encode()
         head = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()),
                 "model": model}
-        for i in range(tokens):
+        fail_after, stall_after = reply.get("fail_after_tokens"), reply.get("stall_after_tokens")
+        raw_events = reply.get("events")
+        if raw_events is not None:
+            for i, raw in enumerate(raw_events):
+                await _sleep_until(loop, first + i * itl)
+                _write_chunk(writer, b"data: " + str(raw).encode() + sep)
+                await writer.drain()
+            _write_chunk(writer, b"data: [DONE]" + sep)
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+            return True
+        for i, (kind, value) in enumerate(pieces):
             if fail_after is not None and i >= int(fail_after):
                 writer.transport.abort()  # close mid-stream, no terminating chunk
                 return False
+            if stall_after is not None and i >= int(stall_after):
+                await asyncio.sleep(float(reply.get("stall_s", 3600)))
+                writer.transport.abort()
+                return False
             due = first + i * itl
-            delay = due - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            delta: dict[str, Any] = {"content": "tok "}
+            await _sleep_until(loop, due)
+            delta: dict[str, Any]
+            if kind == "tool_call":
+                delta = {"tool_calls": [{**_call(calls[value], value), "index": value}]}
+            else:
+                delta = {kind: value}
             if i == 0:
                 delta["role"] = "assistant"
-            finish = "length" if i == tokens - 1 else None
-            event = {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
-            _write_event(writer, event)
+            done = finish if i == len(pieces) - 1 else None
+            event = {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": done}]}
+            _write_event(writer, event, sep)
             self.state.lateness_s.append(loop.time() - due)
             await writer.drain()
         if usage is not None:
-            _write_event(writer, {**head, "choices": [], "usage": usage})
-        _write_chunk(writer, b"data: [DONE]\n\n")
+            _write_event(writer, {**head, "choices": [], "usage": usage}, sep)
+        _write_chunk(writer, b"data: [DONE]" + sep)
         writer.write(b"0\r\n\r\n")
         await writer.drain()
         return True
+
+
+def _call(call: dict[str, Any], index: int) -> dict[str, Any]:
+    arguments = call.get("arguments", {})
+    return {"id": call.get("id") or f"call_{index}_{uuid.uuid4().hex[:6]}", "type": "function",
+            "function": {"name": call.get("name", ""),
+                         "arguments": arguments if isinstance(arguments, str)
+                         else json.dumps(arguments)}}
+
+
+async def _sleep_until(loop: asyncio.AbstractEventLoop, due: float) -> None:
+    delay = due - loop.time()
+    if delay > 0:
+        await asyncio.sleep(delay)
 
 
 def _write_chunk(writer: asyncio.StreamWriter, data: bytes) -> None:
     writer.write(b"%x\r\n%s\r\n" % (len(data), data))
 
 
-def _write_event(writer: asyncio.StreamWriter, event: dict[str, Any]) -> None:
-    _write_chunk(writer, b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n")
+def _write_event(writer: asyncio.StreamWriter, event: dict[str, Any], sep: bytes) -> None:
+    _write_chunk(writer, b"data: " + json.dumps(event, separators=(",", ":")).encode() + sep)
 
 
 async def _respond(writer: asyncio.StreamWriter, status: int, data: bytes,
@@ -234,66 +337,6 @@ async def _respond(writer: asyncio.StreamWriter, status: int, data: bytes,
 
 async def _respond_json(writer: asyncio.StreamWriter, status: int, value: Any) -> bool:
     return await _respond(writer, status, json.dumps(value).encode(), "application/json")
-
-
-class FakeProcess:
-    """The fake server in a subprocess of its own (so its timing does not share our GIL).
-
-    `with FakeProcess(FakeConfig(ttft_ms=200)) as fake: fake.api_url` -> `http://.../v1`.
-    """
-
-    def __init__(self, config: FakeConfig) -> None:
-        self.config = config
-        self.process: subprocess.Popen[str] | None = None
-        self.port = 0
-
-    @property
-    def base_url(self) -> str:
-        return f"http://{self.config.host}:{self.port}"
-
-    @property
-    def api_url(self) -> str:
-        return self.base_url + "/v1"
-
-    def start(self) -> FakeProcess:
-        c = self.config
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "loadgen.fakeserver", "--host", c.host, "--port", str(c.port),
-             "--ttft-ms", str(c.ttft_ms), "--itl-ms", str(c.itl_ms), "--tokens", str(c.tokens),
-             "--cached-tokens", str(c.cached_tokens)],
-            stdout=subprocess.PIPE, text=True, start_new_session=True)
-        assert self.process.stdout is not None
-        line = self.process.stdout.readline()
-        if not line.startswith("listening on "):
-            self.stop()
-            raise RuntimeError(f"fake server did not start (said {line!r})")
-        self.port = int(line.split()[-1])
-        return self
-
-    def stats(self, *, reset: bool = False) -> dict[str, Any]:
-        """The server's own lateness so far (optionally clearing it after reading)."""
-        with urllib.request.urlopen(self.base_url + "/fake/stats", timeout=10) as response:
-            value: dict[str, Any] = json.loads(response.read())
-        if reset:
-            urllib.request.urlopen(self.base_url + "/fake/reset", timeout=10).close()
-        return value
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        if self.process is not None and self.process.stdout is not None:
-            self.process.stdout.close()
-
-    def __enter__(self) -> FakeProcess:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 async def _main(config: FakeConfig) -> None:
@@ -314,9 +357,12 @@ def main(argv: list[str] | None = None) -> None:
                         help="tokens per reply when the request sets no max_tokens")
     parser.add_argument("--cached-tokens", type=int, default=0,
                         help="cached tokens reported per request (capped at the prompt)")
+    parser.add_argument("--default-content", default=None,
+                        help="text of unscripted replies (default: 'tok ' repeated)")
     args = parser.parse_args(argv)
     config = FakeConfig(host=args.host, port=args.port, ttft_ms=args.ttft_ms,
-                        itl_ms=args.itl_ms, tokens=args.tokens, cached_tokens=args.cached_tokens)
+                        itl_ms=args.itl_ms, tokens=args.tokens, cached_tokens=args.cached_tokens,
+                        default_content=args.default_content)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_main(config))
 

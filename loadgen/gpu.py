@@ -17,7 +17,7 @@ from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import Any
 
-from loadgen.records import JsonlWriter
+from common.files import JsonlWriter
 
 
 def _load_nvml() -> ModuleType:

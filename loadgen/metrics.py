@@ -21,7 +21,8 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadgen.records import JsonlWriter
+from common.files import JsonlWriter
+from common.net import server_url
 
 # field -> (metric family names, newest first; sample suffix)
 FIELDS: dict[str, tuple[tuple[str, ...], str]] = {
@@ -51,17 +52,17 @@ def parse_metrics(text: str) -> dict[str, float | None]:
 
 
 class MetricsSampler:
-    """A daemon thread scraping `base_url`/metrics every `interval_s` into `path`.
+    """A daemon thread scraping `<server_url>/metrics` every `interval_s` into `path`.
 
-    `with MetricsSampler(base_url, path, origin=run_start): ...`; `stop()` is idempotent and
-    returns after the thread's last write. `latest` holds the most recent good sample (for the
-    bench's progress line).
+    `with MetricsSampler(url, path, origin=run_start): ...` (`url` with or without /v1);
+    `stop()` is idempotent and returns after the thread's last write. `latest` holds the most
+    recent good sample (for the bench's progress line).
     """
 
-    def __init__(self, base_url: str, path: str | Path, *, interval_s: float = 1.0,
+    def __init__(self, url: str, path: str | Path, *, interval_s: float = 1.0,
                  origin: float = 0.0, timeout_s: float = 5.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.url = base_url.rstrip("/").removesuffix("/v1") + "/metrics"
+        self.url = server_url(url) + "/metrics"
         self.writer = JsonlWriter(path)
         self.interval_s = interval_s
         self.origin_s = origin

@@ -1,10 +1,13 @@
 """The exceptions `serve` raises. Each message names the thing at fault and, where it can, the fix.
 
-The CLI catches `ServeError` and prints its message as one line; nothing else is caught there.
+All are `common.errors.SuiteError`s: every command line prints them as one line with their exit
+code (`common.errors.run_cli`).
 """
 
+from common.errors import ExitCode, SuiteError
 
-class ServeError(Exception):
+
+class ServeError(SuiteError):
     """Base class of every error the serve package raises on bad input or a failed server."""
 
 
@@ -14,6 +17,8 @@ class ProfileError(ServeError):
 
 class EngineUnavailableError(ServeError):
     """The profile needs an engine or a device this machine does not have."""
+
+    exit_code = ExitCode.UNAVAILABLE
 
 
 class ModelNotFoundError(ServeError):
@@ -26,3 +31,5 @@ class PortInUseError(ServeError):
 
 class ServerStartError(ServeError):
     """The server process died or did not become healthy while starting."""
+
+    exit_code = ExitCode.UNAVAILABLE

@@ -1,7 +1,7 @@
 """Start, watch and stop a vLLM OpenAI-compatible server for a profile.
 
-The server runs in a process group of its own, so stopping it stops vLLM's engine processes
-too. A background server leaves a pid file under `.run/` so `make stop` can find it from
+The server runs in a process group of its own (`serve.process`), so stopping it stops vLLM's
+engine processes too. A background server leaves a pid file so `make stop` can find it from
 another shell. Readiness is `/health` answering 200; a server that dies first raises an error
 quoting the end of its log.
 """
@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata
 import importlib.util
-import json
 import os
 import signal
 import socket
@@ -22,15 +21,25 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
-from typing import IO, Any
+from types import FrameType, TracebackType
+from typing import IO
 
 import httpx
 import psutil
 
+from common.net import api_url, server_url
+from common.paths import run_state_dir
 from serve.errors import EngineUnavailableError, PortInUseError, ServerStartError
 from serve.hardware import detect_gpus
-from serve.model import repo_root, resolve_model
+from serve.model import resolve_model
+from serve.process import (
+    pid_file,
+    process_tree,
+    rotate_log,
+    tail,
+    terminate_group,
+    write_pid_file,
+)
 from serve.profile import Profile
 
 # Flags every profile gets: prefix caching and per-request cached tokens are part of the
@@ -42,7 +51,6 @@ OFFLINE_ENV = {
     "VLLM_NO_USAGE_STATS": "1",
     "DO_NOT_TRACK": "1",
 }
-LOG_TAIL_LINES = 25
 
 
 @dataclass(frozen=True)
@@ -59,14 +67,13 @@ class ServerConfig:
     python: str = field(default=sys.executable)
 
     @property
-    def base_url(self) -> str:
+    def server_url(self) -> str:
         host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
         return f"http://{host}:{self.port}"
 
-
-def run_dir() -> Path:
-    """Pid files and server logs; `COMPBENCH_RUN_DIR` overrides it."""
-    return Path(os.environ.get("COMPBENCH_RUN_DIR", repo_root() / ".run"))
+    @property
+    def api_url(self) -> str:
+        return api_url(self.server_url)
 
 
 def build_command(config: ServerConfig, model: Path | str) -> list[str]:
@@ -167,36 +174,30 @@ def _port_holder(port: int) -> str:
     return ""
 
 
-def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return "(no log)"
-    return "\n".join(text.rstrip().splitlines()[-lines:])
-
-
 class Server:
     """One vLLM server process group. Use `start_server` or `with Server(cfg) as s:`."""
 
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
-        self.log_path = config.log_path or run_dir() / f"server-{config.port}.log"
+        self.log_path = config.log_path or run_state_dir() / f"server-{config.port}.log"
         self.process: subprocess.Popen[bytes] | None = None
         self.command: list[str] = []
+        self.started_monotonic: float | None = None
+        self.ready_s: float | None = None  # seconds from spawn to /health 200
         self._log: IO[bytes] | None = None
         self._pump: threading.Thread | None = None
 
     @property
-    def base_url(self) -> str:
-        return self.config.base_url
+    def server_url(self) -> str:
+        return self.config.server_url
 
     @property
     def api_url(self) -> str:
-        return f"{self.config.base_url}/v1"
+        return self.config.api_url
 
     @property
     def pid_file(self) -> Path:
-        return run_dir() / f"server-{self.config.port}.json"
+        return pid_file(self.config.port)
 
     def start(self, *, echo: bool = False) -> None:
         """Spawn the server; with `echo`, copy its log to this terminal as well."""
@@ -206,7 +207,9 @@ class Server:
                               python=self.config.python)
         self.command = build_command(self.config, model)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        rotate_log(self.log_path)
         self._log = self.log_path.open("wb")
+        self.started_monotonic = time.monotonic()
         self.process = subprocess.Popen(
             self.command,
             stdout=subprocess.PIPE if echo else self._log,
@@ -218,7 +221,10 @@ class Server:
         if echo:
             self._pump = threading.Thread(target=self._copy_output, daemon=True)
             self._pump.start()
-        self._write_pid_file()
+        write_pid_file(self.config.port, {
+            "pid": self.process.pid, "pgid": self.process.pid, "host": self.config.host,
+            "port": self.config.port, "profile": self.config.profile.name,
+            "log": str(self.log_path), "started": time.time()})
 
     def _copy_output(self) -> None:
         assert self.process is not None and self.process.stdout is not None
@@ -228,21 +234,6 @@ class Server:
             self._log.flush()
             sys.stdout.buffer.write(line)
             sys.stdout.buffer.flush()
-
-    def _write_pid_file(self) -> None:
-        assert self.process is not None
-        record = {
-            "pid": self.process.pid,
-            "pgid": self.process.pid,
-            "host": self.config.host,
-            "port": self.config.port,
-            "profile": self.config.profile.name,
-            "log": str(self.log_path),
-            "started": time.time(),
-        }
-        tmp = self.pid_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record) + "\n")
-        os.replace(tmp, self.pid_file)
 
     def wait_ready(self, timeout_s: float | None = None) -> None:
         """Block until `/health` answers 200; raise `ServerStartError` if the server dies or the
@@ -258,18 +249,20 @@ class Server:
                     self._cleanup()
                     raise ServerStartError(
                         f"vLLM server for profile '{self.config.profile.name}' exited with code "
-                        f"{code} while starting; last lines of {self.log_path}:\n"
+                        f"{code} while starting (log {self.log_path}); its last lines:\n"
                         f"{tail(self.log_path)}"
                     )
                 with contextlib.suppress(httpx.HTTPError):
-                    if client.get(f"{self.base_url}/health").status_code == 200:
+                    if client.get(f"{self.server_url}/health").status_code == 200:
+                        if self.started_monotonic is not None:
+                            self.ready_s = time.monotonic() - self.started_monotonic
                         return
                 time.sleep(0.5)
         self.stop()
         raise ServerStartError(
             f"vLLM server for profile '{self.config.profile.name}' did not answer "
-            f"{self.base_url}/health within {timeout:.0f} s; last lines of {self.log_path}:\n"
-            f"{tail(self.log_path)}"
+            f"{self.server_url}/health within {timeout:.0f} s (log {self.log_path}); its last "
+            f"lines:\n{tail(self.log_path)}"
         )
 
     def _flush_log(self) -> None:
@@ -278,20 +271,13 @@ class Server:
 
     def process_tree(self) -> list[psutil.Process]:
         """The server process and all its descendants, as they are now."""
-        if self.process is None:
-            return []
-        try:
-            root = psutil.Process(self.process.pid)
-            return [root, *root.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            return []
+        return process_tree(self.process.pid) if self.process is not None else []
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """Stop the whole process group: SIGTERM, then SIGKILL after `timeout_s`. Idempotent."""
         if self.process is None:
             return
-        tree = self.process_tree()
-        terminate_group(self.process.pid, tree, timeout_s, self.process)
+        terminate_group(self.process.pid, self.process_tree(), timeout_s, self.process)
         self._cleanup()
 
     def _cleanup(self) -> None:
@@ -318,49 +304,6 @@ class Server:
         self.stop()
 
 
-def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
-    out = []
-    for p in procs:
-        try:
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
-        except psutil.NoSuchProcess:
-            continue
-    return out
-
-
-def group_members(pgid: int) -> list[psutil.Process]:
-    """Live (non-zombie) processes in a process group."""
-    members = []
-    for p in psutil.process_iter():
-        try:
-            if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
-                members.append(p)
-        except (psutil.Error, ProcessLookupError, PermissionError):
-            continue
-    return members
-
-
-def terminate_group(
-    pgid: int, known: list[psutil.Process], timeout_s: float,
-    child: subprocess.Popen[Any] | None = None,
-) -> None:
-    """SIGTERM the group and every known descendant, wait, then SIGKILL what is left."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, sig)
-        for p in _alive(known):
-            with contextlib.suppress(psutil.Error):
-                p.send_signal(sig)
-        deadline = time.monotonic() + (timeout_s if sig == signal.SIGTERM else 10.0)
-        while time.monotonic() < deadline:
-            if child is not None:
-                child.poll()
-            if not _alive(known) and not group_members(pgid):
-                return
-            time.sleep(0.2)
-
-
 def start_server(config: ServerConfig) -> Server:
     """Start a server in the background and return it once healthy (library use)."""
     server = Server(config)
@@ -369,16 +312,21 @@ def start_server(config: ServerConfig) -> Server:
     return server
 
 
-def serve_foreground(config: ServerConfig) -> int:
-    """`make serve`: log on the terminal, Ctrl-C (or SIGTERM) stops the server and its children.
+def serve_foreground(config: ServerConfig, *, after_ready: object = None) -> int:
+    """`make serve`: log on the terminal; Ctrl-C, SIGTERM or SIGHUP stops the server and its
+    children. Returns the exit code for the CLI.
 
-    Returns the exit code for the CLI.
+    `after_ready`, where given, is called with the healthy server before the banner (the
+    serve-time self-check); an exception from it stops the server and propagates.
     """
     server = Server(config)
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGTERM,
+                                                                     signal.SIGHUP)}
     try:
         server.start(echo=True)
         server.wait_ready()
+        if callable(after_ready):
+            after_ready(server)
         names = ", ".join(config.profile.model.served_names)
         print(
             f"\n== serving {names} at {server.api_url} (profile {config.profile.name}); "
@@ -394,49 +342,44 @@ def serve_foreground(config: ServerConfig) -> int:
         print("\n== stopping the server ==", file=sys.stderr, flush=True)
         server.stop()
         return 0
+    except BaseException:
+        server.stop()
+        raise
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
-def _raise_interrupt(signum: int, frame: object) -> None:
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
-def stop_background(port: int | None = None, timeout_s: float = 30.0) -> list[dict[str, Any]]:
-    """Stop servers recorded in `.run/` (all, or the one on `port`); return their records."""
-    stopped = []
-    for pid_file in sorted(run_dir().glob("server-*.json")):
-        record = json.loads(pid_file.read_text())
-        if port is not None and record["port"] != port:
-            continue
-        try:
-            root = psutil.Process(record["pid"])
-            known = [root, *root.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            known = []
-        terminate_group(record["pgid"], known, timeout_s)
-        pid_file.unlink(missing_ok=True)
-        stopped.append(record)
-    return stopped
-
-
-def is_healthy(base_url: str) -> bool:
+def server_version(url: str) -> str | None:
+    """vLLM's `/version` of the server at `url` (either form), or None where it has none."""
     try:
-        return httpx.get(f"{base_url.rstrip('/').removesuffix('/v1')}/health",
-                         timeout=3).status_code == 200
+        reply = httpx.get(f"{server_url(url)}/version", timeout=10)
+        return str(reply.json().get("version")) if reply.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+def is_healthy(url: str) -> bool:
+    """Whether the server at `url` (with or without /v1) answers /health with 200."""
+    try:
+        return httpx.get(f"{server_url(url)}/health", timeout=3).status_code == 200
     except httpx.HTTPError:
         return False
 
 
 @contextlib.contextmanager
-def server_for(config: ServerConfig, base_url: str | None = None) -> Iterator[str]:
-    """Yield the `/v1` URL of a server to use: `base_url` when given, the server already
-    healthy on the configured port, or a new one for the profile that is stopped on exit."""
-    if base_url:
-        yield base_url.rstrip("/")
+def server_for(config: ServerConfig, url: str | None = None) -> Iterator[str]:
+    """Yield the api_url (`/v1`) of a server to use: `url` when given (either form), the server
+    already healthy on the configured port, or a new one for the profile, stopped on exit."""
+    if url:
+        yield api_url(url)
         return
-    if is_healthy(config.base_url):
-        yield f"{config.base_url}/v1"
+    if is_healthy(config.server_url):
+        yield config.api_url
         return
     print(f"starting a {config.profile.name} server on port {config.port} "
           "(cold start takes about two minutes on 2 cores)...", file=sys.stderr, flush=True)

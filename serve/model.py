@@ -25,6 +25,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.paths import cache_dir
 from serve.errors import ModelNotFoundError
 
 EMBEDDED_PREFIX = "embedded:"
@@ -69,17 +70,6 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
         ),
     )
 }
-
-
-def repo_root() -> Path:
-    """The checkout this package runs from (editable install), else the working directory."""
-    here = Path(__file__).resolve().parent.parent
-    return here if (here / "pyproject.toml").is_file() else Path.cwd()
-
-
-def cache_dir() -> Path:
-    """Git-ignored folder for converted models; `COMPBENCH_CACHE` overrides it."""
-    return Path(os.environ.get("COMPBENCH_CACHE", repo_root() / ".cache"))
 
 
 def resolve_model(source: str, *, python: str = sys.executable) -> Path | str:

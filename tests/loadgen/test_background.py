@@ -9,11 +9,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from loadgen.config import BackgroundConfig, ReplayOptions
-from loadgen.fakeserver import FakeProcess
+from common.files import read_jsonl
+from loadgen.background import BackgroundConfig, BackgroundLoad, ReplayOptions
+from loadgen.fakeprocess import FakeProcess
 from loadgen.metrics import MetricsSampler
-from loadgen.records import read_jsonl
-from loadgen.runner import BackgroundLoad
 from serve.launcher import Server
 
 # the fake server's per-request override keeps replayed turns (up to ~2400 tokens) short
@@ -32,17 +31,17 @@ def _run(config: BackgroundConfig, seconds: float) -> tuple[list[dict[str, objec
         pids.append(load.process.pid)
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
                    for p in pids), "a locust process outlived stop()"
-    return read_jsonl(config.out), len(pids)
+    return read_jsonl(config.out).objects, len(pids)
 
 
 def test_local_run_writes_open_loop_records(fake: FakeProcess, tmp_path: Path) -> None:
     origin = time.monotonic()
-    config = BackgroundConfig(base_url=fake.base_url, users=3, spawn_rate=6, regime="shared",
+    config = BackgroundConfig(server_url=fake.server_url, users=3, spawn_rate=6, regime="shared",
                               out=tmp_path / "requests.jsonl", origin=origin, duration_s=60,
                               replay=FAST)
     rows, processes = _run(config, 2.0)
     assert processes == 1
-    assert {r["user"] for r in rows} == {0, 1, 2}
+    assert {r["labels"]["user"] for r in rows} == {0, 1, 2}
     assert all(r["source"] == "background" and r["regime"] == "shared" for r in rows)
     assert {r["block"] for r in rows} <= {None, 7} and any(r["block"] == 7 for r in rows)
     ok = [r for r in rows if r["status"] == "ok"]
@@ -51,9 +50,9 @@ def test_local_run_writes_open_loop_records(fake: FakeProcess, tmp_path: Path) -
         assert isinstance(r["intended_send_s"], float) and isinstance(r["sent_s"], float)
         assert r["sent_s"] >= r["intended_send_s"] - 0.01  # never early
         assert 0.15 < r["first_token_s"] - r["sent_s"] < 1.0  # type: ignore[operator]
-        assert len(r["chunk_times_s"]) == r["completion_tokens"] == r["max_tokens"]  # type: ignore[arg-type]
+        assert len(r["chunk_times_s"]) == r["completion_tokens"] == r["labels"]["max_tokens"]  # type: ignore[arg-type,index]
     # user i is planned to start at i / spawn_rate after the schedule's start
-    firsts = sorted((r["user"], r["intended_send_s"]) for r in rows if r["request_id"]
+    firsts = sorted((r["labels"]["user"], r["intended_send_s"]) for r in rows if r["request_id"]
                     in {"bg-0-0", "bg-1-0", "bg-2-0"})
     steps = [b[1] - a[1] for a, b in itertools.pairwise(firsts)]  # type: ignore[operator]
     assert steps == pytest.approx([1 / 6, 1 / 6], abs=1e-6)
@@ -62,17 +61,17 @@ def test_local_run_writes_open_loop_records(fake: FakeProcess, tmp_path: Path) -
 
 
 def test_master_and_worker(fake: FakeProcess, tmp_path: Path) -> None:
-    config = BackgroundConfig(base_url=fake.api_url, users=4, spawn_rate=8, regime="overloaded",
+    config = BackgroundConfig(server_url=fake.api_url, users=4, spawn_rate=8, regime="overloaded",
                               out=tmp_path / "requests.jsonl", origin=time.monotonic(),
                               workers=1, duration_s=60, replay=FAST)
     rows, processes = _run(config, 1.0)
     assert processes == 2  # master + 1 worker
-    assert {r["user"] for r in rows} == {0, 1, 2, 3}
+    assert {r["labels"]["user"] for r in rows} == {0, 1, 2, 3}
     assert any(r["status"] == "ok" for r in rows)
 
 
 def test_load_stops_by_itself(fake: FakeProcess, tmp_path: Path) -> None:
-    config = BackgroundConfig(base_url=fake.base_url, users=1, spawn_rate=1,
+    config = BackgroundConfig(server_url=fake.server_url, users=1, spawn_rate=1,
                               out=tmp_path / "requests.jsonl", duration_s=1.5, replay=FAST)
     load = BackgroundLoad(config).start()
     assert load.process is not None
@@ -82,16 +81,17 @@ def test_load_stops_by_itself(fake: FakeProcess, tmp_path: Path) -> None:
 
 @pytest.mark.integration
 def test_real_server_has_requests_in_flight(cpu_server: Server, tmp_path: Path) -> None:
-    config = BackgroundConfig(base_url=cpu_server.base_url, users=2, spawn_rate=4,
+    config = BackgroundConfig(server_url=cpu_server.server_url, users=2, spawn_rate=4,
                               regime="shared", out=tmp_path / "requests.jsonl",
                               origin=time.monotonic(), duration_s=120,
                               replay=ReplayOptions(default_tool_gap_s=0.2))
-    with MetricsSampler(cpu_server.base_url, tmp_path / "metrics.jsonl", interval_s=0.25), \
+    with MetricsSampler(cpu_server.server_url, tmp_path / "metrics.jsonl", interval_s=0.25), \
             BackgroundLoad(config) as load:
         status = load.wait_steady(timeout_s=60)
         assert status.in_flight >= 1
         time.sleep(1.5)
-    running = [r.get("num_requests_running") or 0 for r in read_jsonl(tmp_path / "metrics.jsonl")]
+    samples = read_jsonl(tmp_path / "metrics.jsonl").objects
+    running = [r.get("num_requests_running") or 0 for r in samples]
     assert max(running) >= 1
-    rows = read_jsonl(config.out)
+    rows = read_jsonl(config.out).objects
     assert rows and all(r["source"] == "background" for r in rows)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import types
 from pathlib import Path
 
+from common.files import read_jsonl
 from loadgen.gpu import GpuSampler
-from loadgen.records import read_jsonl
 
 
 def test_no_gpu_writes_one_line_and_samples_nothing(tmp_path: Path) -> None:
@@ -18,7 +18,7 @@ def test_no_gpu_writes_one_line_and_samples_nothing(tmp_path: Path) -> None:
     path = tmp_path / "gpu.jsonl"
     with GpuSampler(path, interval_s=0.01) as sampler:
         assert not sampler.enabled and sampler.reason and "NVML" in sampler.reason
-    rows = read_jsonl(path)
+    rows = read_jsonl(path).objects
     assert len(rows) == 1 and rows[0]["telemetry"] == "off" and "reason" in rows[0]
 
 
@@ -27,7 +27,7 @@ def test_real_library_here_is_off_or_on(tmp_path: Path) -> None:
     path = tmp_path / "gpu.jsonl"
     with GpuSampler(path, interval_s=0.05) as sampler:
         enabled = sampler.enabled
-    rows = read_jsonl(path)
+    rows = read_jsonl(path).objects
     if not enabled:
         assert len(rows) == 1 and rows[0]["telemetry"] == "off"
     else:
@@ -57,7 +57,7 @@ def test_sampling_with_a_stand_in_library(tmp_path: Path) -> None:
     with GpuSampler(path, interval_s=0.02, nvml=nvml) as sampler:
         assert sampler.enabled
         sampler.sample_once()
-    rows = read_jsonl(path)
+    rows = read_jsonl(path).objects
     assert rows and rows[0]["name"] == "Stand-in GPU" and rows[0]["utilization_pct"] == 87
     assert rows[0]["power_w"] == 300.0 and rows[0]["sm_clock_mhz"] == 1980
     assert rows[0]["energy_j"] is None and rows[0]["memory_used_bytes"] == 5 << 30

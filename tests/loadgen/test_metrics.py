@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from loadgen.fakeserver import FakeProcess
+from common.files import SCHEMA, read_jsonl
+from loadgen.fakeprocess import FakeProcess
 from loadgen.metrics import MetricsSampler, parse_metrics
-from loadgen.records import read_jsonl
 from serve.launcher import Server
 
 TEXT = """# TYPE vllm:num_requests_running gauge
@@ -44,17 +44,17 @@ def test_dead_server_records_the_gap_and_stops(tmp_path: Path) -> None:
                              origin=time.monotonic()).start()
     time.sleep(0.3)
     sampler.stop()
-    rows = read_jsonl(path)
+    rows = read_jsonl(path).objects
     assert len(rows) >= 2 and sampler.failures == len(rows)
-    assert all(r["schema"] == 1 and "error" in r and r["t_s"] >= 0 for r in rows)
+    assert all(r["schema"] == SCHEMA and "error" in r and r["t_s"] >= 0 for r in rows)
     assert "/metrics" in rows[0]["error"]
 
 
 def test_fake_server_samples(fake: FakeProcess, tmp_path: Path) -> None:
     path = tmp_path / "metrics.jsonl"
-    with MetricsSampler(fake.base_url, path, interval_s=0.1) as sampler:
+    with MetricsSampler(fake.server_url, path, interval_s=0.1) as sampler:
         time.sleep(0.35)
-    rows = read_jsonl(path)
+    rows = read_jsonl(path).objects
     assert sampler.samples >= 2 and len(rows) == sampler.samples
     assert rows[0]["num_requests_running"] == 0.0 and "prefix_cache_queries" in rows[0]
 
@@ -64,7 +64,7 @@ def test_real_server_metrics(cpu_server: Server, tmp_path: Path) -> None:
     path = tmp_path / "metrics.jsonl"
     with MetricsSampler(cpu_server.api_url, path, interval_s=0.2):
         time.sleep(0.5)
-    rows = read_jsonl(path)
+    rows = read_jsonl(path).objects
     assert rows and "error" not in rows[0]
     for key in ("num_requests_running", "num_requests_waiting", "kv_cache_usage",
                 "prefix_cache_hits", "prefix_cache_queries", "num_preemptions",

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from common.errors import ExitCode
 from serve.errors import EngineUnavailableError, ModelNotFoundError, PortInUseError
 from serve.hardware import detect_gpus
 from serve.launcher import check_engine, check_port
@@ -22,8 +23,9 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
                           text=True, timeout=120, env={**os.environ, **(env or {})}, check=False)
 
 
-def assert_one_clear_line(result: subprocess.CompletedProcess[str], *needles: str) -> None:
-    assert result.returncode == 2, result.stderr
+def assert_one_clear_line(result: subprocess.CompletedProcess[str], *needles: str,
+                          code: int = ExitCode.USAGE) -> None:
+    assert result.returncode == code, result.stderr
     assert "Traceback" not in result.stderr
     lines = [line for line in result.stderr.strip().splitlines() if line]
     assert len(lines) == 1, result.stderr
@@ -57,7 +59,8 @@ def test_port_in_use_names_port_and_holder() -> None:
 def test_gpu_profile_on_a_cpu_machine_says_so() -> None:
     with pytest.raises(EngineUnavailableError, match=r"has no NVIDIA GPU.*PROFILE=cpu-tiny"):
         check_engine(load_profile("b300-deepseek-v4-flash-nvfp4"))
-    assert_one_clear_line(cli("run", "--profile", "h200-gpt-oss-120b"), "needs 1 NVIDIA GPU")
+    assert_one_clear_line(cli("run", "--profile", "h200-gpt-oss-120b"), "needs 1 NVIDIA GPU",
+                          code=ExitCode.UNAVAILABLE)
 
 
 def test_uncached_hub_model_is_not_downloaded(tmp_path: Path,

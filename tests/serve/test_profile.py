@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from common.paths import repo_root
 from serve.errors import ProfileError
 from serve.launcher import ALWAYS_ON, ServerConfig, build_command
 from serve.profile import default_profile, known_profiles, load_profile
@@ -55,7 +56,7 @@ def _write(tmp_path: Path, text: str) -> Path:
     return path
 
 
-GOOD = (Path(__file__).parents[2] / "serve" / "profiles" / "cpu-tiny.toml").read_text()
+GOOD = (repo_root() / "serve" / "profiles" / "cpu-tiny.toml").read_text()
 
 
 def test_malformed_value_names_file_and_field(tmp_path: Path) -> None:

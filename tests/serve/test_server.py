@@ -15,10 +15,12 @@ import psutil
 import pytest
 from openai import NotFoundError, OpenAI
 
+from common.net import free_port
+from common.paths import repo_root
 from serve.errors import ServerStartError
-from serve.launcher import Server, ServerConfig, group_members, start_server
+from serve.launcher import Server, ServerConfig, start_server
+from serve.process import group_members
 from serve.profile import load_profile
-from tests.conftest import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -79,7 +81,7 @@ def _metric(text: str, name: str) -> float:
 
 def test_metrics_expose_prefix_cache_counters(cpu_server: Server) -> None:
     _cached(cpu_server, "target", stream=False)
-    text = httpx.get(f"{cpu_server.base_url}/metrics", timeout=10).text
+    text = httpx.get(f"{cpu_server.server_url}/metrics", timeout=10).text
     queries = _metric(text, "vllm:prefix_cache_queries_total")
     hits = _metric(text, "vllm:prefix_cache_hits_total")
     assert queries > 0 and 0 < hits <= queries
@@ -96,7 +98,7 @@ def test_server_binds_loopback_only(cpu_server: Server) -> None:
 
 
 def test_server_that_dies_while_starting_quotes_its_log(tmp_path: Path) -> None:
-    bad = (Path(__file__).parents[2] / "serve/profiles/cpu-tiny.toml").read_text().replace(
+    bad = (repo_root() / "serve/profiles/cpu-tiny.toml").read_text().replace(
         'dtype = "bfloat16"', 'dtype = "bfloat16"\nextra_args = ["--no-such-engine-flag"]')
     (tmp_path / "broken.toml").write_text(bad.replace('name = "cpu-tiny"', 'name = "broken"'))
     config = ServerConfig(profile=load_profile(str(tmp_path / "broken.toml")), port=free_port(),

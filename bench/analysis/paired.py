@@ -1,0 +1,325 @@
+"""The analysis of one run: a pure function from raw records to every figure the report shows.
+
+Block selection follows the design's protocol rules. The primary analysis uses complete original
+blocks only: every expected arm has exactly one original record and it completed. The sensitivity
+analysis replaces a failed original arm with its first complete recovery run; it is reported beside
+the primary one and never mixed into it. Each paired figure compares an arm with `clean` inside
+the same block, and its interval resamples whole blocks (see `bench.analysis.stats`).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import Counter, defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from bench.analysis.latency import (
+    CacheCheck,
+    CacheRate,
+    SourceLatency,
+    cache_checks,
+    cache_rates,
+    latencies,
+    max_waiting,
+)
+from bench.analysis.runfolder import (
+    REFERENCE_ARM,
+    ArmRecord,
+    RunRecords,
+    arm_sort_key,
+    regime_sort_key,
+    sorted_unique,
+)
+from bench.analysis.serving import serving_figures
+from bench.analysis.stats import PairedChange, median_or_none, paired_change
+
+POOLED = "pooled"
+BlockKey = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class BlockStatus:
+    """How one block enters the analyses.
+
+    `primary` holds the original record per arm when the block is complete, else is empty;
+    `sensitivity` holds the records after recovery substitution when that makes it usable.
+    `reasons` says why the block is not usable in the primary analysis.
+    """
+
+    regime: str
+    block: int
+    order: tuple[str, ...]
+    primary: Mapping[str, ArmRecord]
+    sensitivity: Mapping[str, ArmRecord]
+    substituted: tuple[str, ...]
+    reasons: tuple[str, ...]
+
+    @property
+    def key(self) -> BlockKey:
+        return (self.regime, self.block)
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.primary)
+
+
+@dataclass(frozen=True)
+class ArmComparison:
+    """One arm against clean over one set of blocks, for each measured quantity.
+
+    `with_rewrite` and the token changes cover only blocks where both arms recorded the value,
+    so their n can be smaller than `postfork.n`.
+    """
+
+    arm: str
+    postfork: PairedChange
+    with_rewrite: PairedChange
+    reasoning_tokens: PairedChange
+    history_tokens: PairedChange
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """All arms against clean over the usable blocks of one regime (or of the pooled regimes)."""
+
+    name: str
+    regimes: tuple[str, ...]
+    blocks: tuple[BlockKey, ...]
+    clean_median_s: float | None
+    clean_reasoning_median: float | None
+    arms: Mapping[str, ArmComparison]
+
+    @property
+    def n_blocks(self) -> int:
+        return len(self.blocks)
+
+
+@dataclass(frozen=True)
+class FailureCount:
+    regime: str
+    arm: str
+    attempt: str
+    reason: str
+    count: int
+
+
+@dataclass(frozen=True)
+class RunAnalysis:
+    """Every figure of one run. Built once; the report and summary.json both read it."""
+
+    records: RunRecords
+    seed: int
+    arms: tuple[str, ...]
+    regimes: tuple[str, ...]
+    pooled_regimes: tuple[str, ...]
+    blocks: tuple[BlockStatus, ...]
+    primary: Mapping[str, Comparison]
+    sensitivity: Mapping[str, Comparison]
+    failures: tuple[FailureCount, ...]
+    latency: tuple[SourceLatency, ...]
+    cache: tuple[CacheRate, ...]
+    cache_check: tuple[CacheCheck, ...]
+    max_waiting: Mapping[str, float | None]
+    serving: Mapping[str, Mapping[str, Mapping[str, Any]]]
+
+    @property
+    def run_id(self) -> str:
+        return self.records.run_id
+
+    def comparison(self, name: str, *, sensitivity: bool = False) -> Comparison | None:
+        return (self.sensitivity if sensitivity else self.primary).get(name)
+
+    def cache_rate(self, regime: str, source: str) -> CacheRate | None:
+        return next((c for c in self.cache if c.regime == regime and c.source == source), None)
+
+
+def expected_arms(records: RunRecords) -> tuple[str, ...]:
+    """The arms every block should have: the manifest's list, else every arm any line names."""
+    listed = records.manifest.get("arms")
+    if isinstance(listed, list) and listed and all(isinstance(a, str) for a in listed):
+        return tuple(sorted_unique(listed, arm_sort_key))
+    named = [a.arm for a in records.arms] + [i.arm for i in records.issues if i.file == "arms.jsonl"
+                                              and i.arm is not None]
+    return tuple(sorted_unique(named, arm_sort_key))
+
+
+def _issue_notes(records: RunRecords) -> dict[BlockKey, list[tuple[str | None, str]]]:
+    """Broken arm lines that still name their block, so the block's reasons can cite them."""
+    notes: dict[BlockKey, list[tuple[str | None, str]]] = defaultdict(list)
+    for issue in records.issues:
+        if issue.file == "arms.jsonl" and issue.regime is not None and issue.block is not None:
+            text = f"{issue.where()}: {issue.reason}"
+            notes[(issue.regime, issue.block)].append((issue.arm, text))
+    return notes
+
+
+def block_statuses(records: RunRecords, arms: Sequence[str]) -> tuple[BlockStatus, ...]:
+    """Classify every block any file names: complete, usable only with recovery, or unusable."""
+    by_block: dict[BlockKey, list[ArmRecord]] = defaultdict(list)
+    for record in records.arms:
+        by_block[(record.regime, record.block)].append(record)
+    orders = {(b.regime, b.block): b.order for b in records.blocks}
+    notes = _issue_notes(records)
+    keys = set(by_block) | set(orders) | set(notes)
+    statuses = []
+    for key in sorted(keys, key=lambda k: (regime_sort_key(k[0]), k[1])):
+        lines = by_block.get(key, [])
+        reasons: list[str] = []
+        if not lines:
+            reasons.append("no usable arm records")
+        originals: dict[str, ArmRecord] = {}
+        recovered: dict[str, ArmRecord] = {}
+        substituted: list[str] = []
+        for arm in arms:
+            own = [r for r in lines if r.arm == arm and r.attempt == "original"]
+            recovery = [r for r in lines if r.arm == arm and r.attempt == "recovery" and r.complete]
+            cited = [text for who, text in notes.get(key, []) if who in (arm, None)]
+            if len(own) > 1:
+                reasons.append(f"arm {arm}: {len(own)} original records, expected one")
+            elif not own:
+                if lines:
+                    reasons.append(f"arm {arm}: no usable original record"
+                                   + (f" ({'; '.join(cited)})" if cited else ""))
+            elif own[0].complete:
+                originals[arm] = recovered[arm] = own[0]
+            else:
+                reasons.append(f"arm {arm} failed: {own[0].failure_reason}")
+                if recovery:
+                    recovered[arm] = recovery[0]
+                    substituted.append(arm)
+        if not lines and notes.get(key):
+            reasons.extend(text for _, text in notes[key])
+        complete = not reasons and len(originals) == len(arms)
+        statuses.append(BlockStatus(
+            regime=key[0],
+            block=key[1],
+            order=orders.get(key, ()),
+            primary=originals if complete else {},
+            sensitivity=recovered if len(recovered) == len(arms) and lines else {},
+            substituted=tuple(substituted),
+            reasons=tuple(reasons),
+        ))
+    return tuple(statuses)
+
+
+def comparison_rng(seed: int, *labels: str) -> np.random.Generator:
+    """A generator for one comparison, derived from the run's seed and the comparison's labels.
+
+    Each interval draws from its own stream, so the same blocks give the same interval in the
+    primary and the sensitivity analysis, and adding an arm does not move the others' intervals.
+    """
+    return np.random.default_rng([seed, *(zlib.crc32(label.encode()) for label in labels)])
+
+
+def _paired(
+    chosen: Sequence[Mapping[str, ArmRecord]],
+    arm: str,
+    value: Callable[[ArmRecord], float | None],
+    rng: np.random.Generator,
+) -> PairedChange:
+    pairs = [(value(b[arm]), value(b[REFERENCE_ARM])) for b in chosen]
+    kept = [(a, c) for a, c in pairs if a is not None and c is not None and c != 0]
+    return paired_change([a for a, _ in kept], [c for _, c in kept], rng)
+
+
+def _with_rewrite(record: ArmRecord) -> float | None:
+    return None if record.rewrite_s is None else record.postfork_s + record.rewrite_s
+
+
+def compare(
+    name: str,
+    regimes: Sequence[str],
+    blocks: Sequence[BlockStatus],
+    arms: Sequence[str],
+    seed: int,
+    *,
+    sensitivity: bool = False,
+) -> Comparison:
+    """Every non-reference arm against clean over the usable blocks of `regimes`."""
+    usable = [
+        b for b in blocks
+        if b.regime in regimes and (b.sensitivity if sensitivity else b.primary)
+    ]
+    chosen = [b.sensitivity if sensitivity else b.primary for b in usable]
+    results = {}
+    for arm in arms:
+        if arm == REFERENCE_ARM:
+            continue
+        def rng(metric: str, arm: str = arm) -> np.random.Generator:
+            return comparison_rng(seed, name, arm, metric)
+
+        results[arm] = ArmComparison(
+            arm=arm,
+            postfork=_paired(chosen, arm, lambda r: r.postfork_s, rng("postfork")),
+            with_rewrite=_paired(chosen, arm, _with_rewrite, rng("with_rewrite")),
+            reasoning_tokens=_paired(
+                chosen, arm, lambda r: r.reasoning_tokens, rng("reasoning_tokens")
+            ),
+            history_tokens=_paired(chosen, arm, lambda r: r.history_tokens, rng("history_tokens")),
+        )
+    clean = [b[REFERENCE_ARM] for b in chosen] if REFERENCE_ARM in arms else []
+    return Comparison(
+        name=name,
+        regimes=tuple(regimes),
+        blocks=tuple(b.key for b in usable),
+        clean_median_s=median_or_none([r.postfork_s for r in clean]),
+        clean_reasoning_median=median_or_none(
+            [r.reasoning_tokens for r in clean if r.reasoning_tokens is not None]
+        ),
+        arms=results,
+    )
+
+
+def failure_counts(records: RunRecords) -> tuple[FailureCount, ...]:
+    """Failed arm attempts counted by regime, arm, attempt and reason."""
+    counts = Counter(
+        (r.regime, r.arm, r.attempt, r.failure_reason) for r in records.arms if not r.complete
+    )
+    return tuple(
+        FailureCount(regime, arm, attempt, reason, n)
+        for (regime, arm, attempt, reason), n in sorted(
+            counts.items(), key=lambda kv: (regime_sort_key(kv[0][0]), arm_sort_key(kv[0][1]))
+        )
+    )
+
+
+def pooled_regimes(manifest: Mapping[str, Any], regimes: Sequence[str]) -> tuple[str, ...]:
+    """The regimes pooled into one comparison: the manifest's `pooled_regimes`, else all."""
+    listed = manifest.get("pooled_regimes")
+    if isinstance(listed, list) and all(isinstance(r, str) for r in listed):
+        return tuple(r for r in regimes if r in listed)
+    return tuple(regimes)
+
+
+def analyze(records: RunRecords, *, seed: int = 0) -> RunAnalysis:
+    """Analyse one run's records. Deterministic for a given seed; never touches a server."""
+    arms = expected_arms(records)
+    blocks = block_statuses(records, arms)
+    regimes = tuple(sorted_unique([b.regime for b in blocks], regime_sort_key))
+    pooled = pooled_regimes(records.manifest, regimes)
+    primary: dict[str, Comparison] = {}
+    sensitivity: dict[str, Comparison] = {}
+    groups = [(r, (r,)) for r in regimes] + ([(POOLED, pooled)] if pooled else [])
+    for name, members in groups:
+        primary[name] = compare(name, members, blocks, arms, seed)
+        sensitivity[name] = compare(name, members, blocks, arms, seed, sensitivity=True)
+    return RunAnalysis(
+        records=records,
+        seed=seed,
+        arms=arms,
+        regimes=regimes,
+        pooled_regimes=pooled,
+        blocks=blocks,
+        primary=primary,
+        sensitivity=sensitivity,
+        failures=failure_counts(records),
+        latency=latencies(records),
+        cache=cache_rates(records),
+        cache_check=cache_checks(records),
+        max_waiting=max_waiting(records),
+        serving=serving_figures(records),
+    )

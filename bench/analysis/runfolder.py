@@ -1,0 +1,313 @@
+"""The raw records of a run folder (line schema 2; schema-1 lines still read) and how they are
+read and written.
+
+A run folder `results/<run-id>/` holds `manifest.json`, `arms.jsonl`, `requests.jsonl`,
+`metrics.jsonl` and `blocks.jsonl`; `bench/analysis/summary_schema.md` documents every field.
+Writers append one JSON object per line as things happen (`common.files.JsonlWriter`), so a crash
+loses at most the line in flight.
+
+Reading never raises on bad content: a missing file, a line cut mid-JSON, a line with a missing
+or mistyped field is skipped and kept as a `LoadIssue` (file, line, reason, and the regime/block/arm
+where the broken line still names them), so the report can say which blocks could not be used and
+why. Only a run folder that does not exist at all raises `RunFolderError`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from common.errors import SuiteError
+from common.files import SCHEMA, write_json_atomic, write_text_atomic
+from common.files import read_jsonl as read_lines
+from loadgen.client import RequestRecord
+
+SCHEMA_VERSION = SCHEMA
+READABLE_SCHEMAS = (1, SCHEMA)  # schema 1 lines (older runs) read the same; new fields absent
+REFERENCE_ARM = "clean"
+REGIME_ORDER = ("dedicated", "shared", "overloaded")
+
+MANIFEST_FILE = "manifest.json"
+ARMS_FILE = "arms.jsonl"
+REQUESTS_FILE = "requests.jsonl"
+METRICS_FILE = "metrics.jsonl"
+BLOCKS_FILE = "blocks.jsonl"
+
+
+class AnalysisError(SuiteError):
+    """Base class of every error analysis raises on bad input; the message names the fix."""
+
+
+class RunFolderError(AnalysisError):
+    """A run folder does not exist or is not a folder."""
+
+
+@dataclass(frozen=True)
+class ArmRecord:
+    """One attempt of one arm in one block. Times are seconds on the run's monotonic clock.
+
+    `postfork_s` is the postfork marginal time; `rewrite_s` is recorded beside it (None where it
+    was not measured, as in imported study records). `attempt` is "original" or "recovery".
+    """
+
+    regime: str
+    block: int
+    arm: str
+    attempt: str
+    status: str
+    postfork_s: float
+    error: str | None = None
+    rewrite_s: float | None = None
+    turns: int | None = None
+    terminal_status: str | None = None
+    reasoning_tokens: int | None = None
+    completion_tokens: int | None = None
+    history_tokens: int | None = None
+    validation: bool | None = None
+    protocol_ok: bool | None = None
+    started_s: float | None = None
+    ended_s: float | None = None
+
+    @property
+    def complete(self) -> bool:
+        return self.status == "complete"
+
+    @property
+    def failure_reason(self) -> str:
+        """The error string where there is one, else the terminal status, else the status."""
+        return self.error or self.terminal_status or self.status
+
+
+@dataclass(frozen=True)
+class MetricSample:
+    """One scrape of the server's /metrics. Counters are cumulative since server start."""
+
+    t_s: float
+    num_requests_running: float | None = None
+    num_requests_waiting: float | None = None
+    kv_cache_usage: float | None = None
+    prefix_cache_hits: float | None = None
+    prefix_cache_queries: float | None = None
+    num_preemptions: float | None = None
+
+
+@dataclass(frozen=True)
+class BlockRecord:
+    """One block: its regime, number, arms' randomized start order and its span."""
+
+    regime: str
+    block: int
+    order: tuple[str, ...] = ()
+    started_s: float | None = None
+    ended_s: float | None = None
+
+
+@dataclass(frozen=True)
+class LoadIssue:
+    """A file or line that could not be used, with whatever identity the broken line still had."""
+
+    file: str
+    line: int | None
+    reason: str
+    regime: str | None = None
+    block: int | None = None
+    arm: str | None = None
+
+    def where(self) -> str:
+        return self.file if self.line is None else f"{self.file} line {self.line}"
+
+
+@dataclass(frozen=True)
+class RunRecords:
+    """Everything read from one run folder, with the problems met while reading it."""
+
+    run_id: str
+    path: Path | None
+    manifest: Mapping[str, Any]
+    arms: tuple[ArmRecord, ...]
+    requests: tuple[RequestRecord, ...] = ()
+    metrics: tuple[MetricSample, ...] = ()
+    blocks: tuple[BlockRecord, ...] = ()
+    issues: tuple[LoadIssue, ...] = field(default=())
+
+
+# Fields a line must carry (value and type) to be usable; every other field may be absent or null.
+_REQUIRED: dict[type[Any], dict[str, tuple[type, ...]]] = {
+    ArmRecord: {
+        "regime": (str,), "block": (int,), "arm": (str,), "attempt": (str,),
+        "status": (str,), "postfork_s": (int, float),
+    },
+    RequestRecord: {
+        "regime": (str,), "source": (str,), "request_id": (str,), "sent_s": (int, float),
+        "status": (str,),
+    },
+    MetricSample: {"t_s": (int, float)},
+    BlockRecord: {"regime": (str,), "block": (int,)},
+}
+_NUMERIC = (int, float)
+_OPTIONAL: dict[type[Any], dict[str, tuple[type, ...]]] = {
+    ArmRecord: {
+        "error": (str,), "rewrite_s": _NUMERIC, "turns": (int,), "terminal_status": (str,),
+        "reasoning_tokens": (int,), "completion_tokens": (int,), "history_tokens": (int,),
+        "validation": (bool,), "protocol_ok": (bool,), "started_s": _NUMERIC,
+        "ended_s": _NUMERIC,
+    },
+    RequestRecord: {
+        "block": (int,), "intended_send_s": _NUMERIC, "first_token_s": _NUMERIC,
+        "end_s": _NUMERIC, "chunk_times_s": (list,), "prompt_tokens": (int,),
+        "model": (str,), "http_status": (int,), "finish_reason": (str,), "text_chars": (int,),
+        "labels": (dict,),
+        "cached_tokens": (int,), "completion_tokens": (int,), "reasoning_tokens": (int,),
+        "error": (str,),
+    },
+    MetricSample: {
+        "num_requests_running": _NUMERIC, "num_requests_waiting": _NUMERIC,
+        "kv_cache_usage": _NUMERIC, "prefix_cache_hits": _NUMERIC,
+        "prefix_cache_queries": _NUMERIC, "num_preemptions": _NUMERIC,
+    },
+    BlockRecord: {"order": (list,), "started_s": _NUMERIC, "ended_s": _NUMERIC},
+}
+
+R = TypeVar("R")
+
+
+def _type_ok(value: Any, types: tuple[type, ...]) -> bool:
+    # bool is an int in Python; a boolean where a number belongs is a writer bug, not a number.
+    if isinstance(value, bool) and bool not in types:
+        return False
+    return isinstance(value, types)
+
+
+def parse_record(kind: type[R], obj: Any) -> R:
+    """Build a record of `kind` from one decoded JSON line; raise ValueError naming the field."""
+    if not isinstance(obj, dict):
+        raise ValueError("line is not a JSON object")
+    schema = obj.get("schema")
+    if schema not in READABLE_SCHEMAS:
+        raise ValueError(f"schema is {schema!r}, this reader understands "
+                         f"{', '.join(map(str, READABLE_SCHEMAS))}")
+    values: dict[str, Any] = {}
+    for name, types in _REQUIRED[kind].items():
+        if obj.get(name) is None:
+            raise ValueError(f"missing field '{name}'")
+        if not _type_ok(obj[name], types):
+            raise ValueError(f"field '{name}' has type {type(obj[name]).__name__}")
+        values[name] = obj[name]
+    for name, types in _OPTIONAL[kind].items():
+        value = obj.get(name)
+        if value is None:
+            continue
+        if not _type_ok(value, types):
+            raise ValueError(f"field '{name}' has type {type(value).__name__}")
+        values[name] = tuple(value) if isinstance(value, list) else value
+    if kind is RequestRecord and not all(
+        _type_ok(t, _NUMERIC) for t in values.get("chunk_times_s", ())
+    ):
+        raise ValueError("field 'chunk_times_s' holds a non-number")
+    return kind(**values)
+
+
+def _identity(obj: Any) -> dict[str, Any]:
+    """The regime/block/arm a broken line still names, so its block can be reported."""
+    if not isinstance(obj, dict):
+        return {}
+    regime, block = obj.get("regime"), obj.get("block")
+    arm = obj.get("arm", obj.get("source"))
+    return {
+        "regime": regime if isinstance(regime, str) else None,
+        "block": block if isinstance(block, int) and not isinstance(block, bool) else None,
+        "arm": arm if isinstance(arm, str) else None,
+    }
+
+
+def read_records(
+    path: Path, kind: type[R], *, required: bool = True
+) -> tuple[tuple[R, ...], tuple[LoadIssue, ...]]:
+    """Read every usable line of a JSONL file; bad lines become issues, never exceptions."""
+    if not path.is_file():
+        if not required:
+            return (), ()
+        return (), (LoadIssue(path.name, None, "file is missing"),)
+    read = read_lines(path)
+    records: list[R] = []
+    issues = [LoadIssue(path.name, i.line, i.reason, **_identity(i.value)) for i in read.issues]
+    for number, obj in read.rows:
+        try:
+            records.append(parse_record(kind, obj))
+        except (ValueError, TypeError) as exc:
+            issues.append(LoadIssue(path.name, number, str(exc), **_identity(obj)))
+    issues.sort(key=lambda i: i.line or 0)
+    return tuple(records), tuple(issues)
+
+
+def read_run(path: Path) -> RunRecords:
+    """Read a run folder. Raises RunFolderError only when the folder itself is absent."""
+    if not path.is_dir():
+        raise RunFolderError(
+            f"{path}: no such run folder; pass a folder under results/ that holds arms.jsonl"
+        )
+    issues: list[LoadIssue] = []
+    manifest: dict[str, Any] = {}
+    manifest_path = path / MANIFEST_FILE
+    if not manifest_path.is_file():
+        issues.append(LoadIssue(MANIFEST_FILE, None, "file is missing"))
+    else:
+        try:
+            loaded = json.loads(manifest_path.read_text(encoding="utf-8"))
+            if isinstance(loaded, dict):
+                manifest = loaded
+            else:
+                issues.append(LoadIssue(MANIFEST_FILE, None, "not a JSON object"))
+        except json.JSONDecodeError as exc:
+            issues.append(LoadIssue(MANIFEST_FILE, exc.lineno, f"not valid JSON: {exc.msg}"))
+    arms, arm_issues = read_records(path / ARMS_FILE, ArmRecord)
+    # Imported study runs have no per-request or /metrics records; their absence is not a fault.
+    requests, request_issues = read_records(path / REQUESTS_FILE, RequestRecord, required=False)
+    metrics, metric_issues = read_records(path / METRICS_FILE, MetricSample, required=False)
+    blocks, block_issues = read_records(path / BLOCKS_FILE, BlockRecord)
+    issues += [*arm_issues, *request_issues, *metric_issues, *block_issues]
+    run_id = manifest.get("run_id")
+    return RunRecords(
+        run_id=run_id if isinstance(run_id, str) else path.name,
+        path=path,
+        manifest=manifest,
+        arms=arms,
+        requests=requests,
+        metrics=metrics,
+        blocks=blocks,
+        issues=tuple(issues),
+    )
+
+
+def to_json_line(record: Any) -> str:
+    """One record as a schema JSON line (no trailing newline)."""
+    return json.dumps({"schema": SCHEMA_VERSION, **asdict(record)}, sort_keys=False)
+
+
+def write_records(path: Path, records: Iterable[Any]) -> None:
+    """Write a whole JSONL file of records atomically (importers; live writers append)."""
+    write_text_atomic(path, "".join(to_json_line(r) + "\n" for r in records))
+
+
+def write_json(path: Path, obj: Any) -> None:
+    write_json_atomic(path, obj)
+
+
+def regime_sort_key(regime: str) -> tuple[int, str]:
+    """Known regimes in load order, then any others alphabetically."""
+    if regime in REGIME_ORDER:
+        return (REGIME_ORDER.index(regime), regime)
+    return (len(REGIME_ORDER), regime)
+
+
+def arm_sort_key(arm: str) -> tuple[int, str]:
+    """clean first, then the seed arms, then other policies alphabetically."""
+    seeds = (REFERENCE_ARM, "external", "self")
+    return (seeds.index(arm), arm) if arm in seeds else (len(seeds), arm)
+
+
+def sorted_unique(items: Iterable[str], key: Callable[[str], tuple[int, str]]) -> list[str]:
+    return sorted(set(items), key=key)

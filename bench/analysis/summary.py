@@ -1,0 +1,131 @@
+"""summary.json: the machine-readable figures of one run (schema in bench/summary_schema.md).
+
+Built from the same `RunAnalysis` the report renders, so every number appears once in the code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from bench.analysis.paired import POOLED, ArmComparison, Comparison, RunAnalysis
+from bench.analysis.runfolder import REFERENCE_ARM
+from bench.analysis.stats import (
+    BOOTSTRAP_RESAMPLES,
+    CONFIDENCE,
+    MIN_BLOCKS_FOR_INTERVAL,
+    PairedChange,
+)
+
+SUMMARY_SCHEMA_VERSION = 2
+
+
+def _paired(change: PairedChange) -> dict[str, Any]:
+    return {
+        "n": change.n,
+        "median": change.arm_median,
+        "clean_median": change.reference_median,
+        "paired_median_change_pct": change.median_pct,
+        "ci_low_pct": change.ci_low_pct,
+        "ci_high_pct": change.ci_high_pct,
+        "n_lower": change.n_faster,
+        "n_equal": change.n_equal,
+        "n_higher": change.n_slower,
+    }
+
+
+def _arm(analysis: RunAnalysis, comparison: Comparison, arm: str) -> dict[str, Any]:
+    found: ArmComparison | None = comparison.arms.get(arm)
+    cache = (
+        analysis.cache_rate(comparison.name, arm) if comparison.name != POOLED else None
+    )
+    entry: dict[str, Any] = {
+        "blocks_complete": comparison.n_blocks,
+        "median_postfork_s": (
+            comparison.clean_median_s if found is None else found.postfork.arm_median
+        ),
+        "paired_median_change_pct": None,
+        "ci_low_pct": None,
+        "ci_high_pct": None,
+        "share_faster": None,
+        "cache_hit_rate": cache.hit_rate if cache else None,
+        "cache_requests": cache.n_requests if cache else 0,
+    }
+    if found is not None:
+        entry.update({
+            "paired_median_change_pct": found.postfork.median_pct,
+            "ci_low_pct": found.postfork.ci_low_pct,
+            "ci_high_pct": found.postfork.ci_high_pct,
+            "share_faster": found.postfork.share_faster,
+            "n_faster": found.postfork.n_faster,
+            "n_equal": found.postfork.n_equal,
+            "n_slower": found.postfork.n_slower,
+            "with_rewrite": _paired(found.with_rewrite),
+            "reasoning_tokens": _paired(found.reasoning_tokens),
+            "history_tokens": _paired(found.history_tokens),
+        })
+    return entry
+
+
+def _comparison(analysis: RunAnalysis, comparison: Comparison) -> dict[str, Any]:
+    return {
+        "regimes": list(comparison.regimes),
+        "blocks_complete": comparison.n_blocks,
+        "blocks": [[regime, block] for regime, block in comparison.blocks],
+        "arms": {arm: _arm(analysis, comparison, arm) for arm in analysis.arms},
+    }
+
+
+def _section(analysis: RunAnalysis, comparisons: Mapping[str, Comparison]) -> dict[str, Any]:
+    return {name: _comparison(analysis, comparisons[name]) for name in analysis.regimes}
+
+
+def build_summary(analysis: RunAnalysis) -> dict[str, Any]:
+    """The summary.json object of one analysed run."""
+    regimes = _section(analysis, analysis.primary)
+    for name, entry in regimes.items():
+        blocks = [b for b in analysis.blocks if b.regime == name]
+        entry["blocks_total"] = len(blocks)
+        entry["blocks_unusable"] = [
+            {"block": b.block, "reasons": list(b.reasons)} for b in blocks if not b.complete
+        ]
+        entry["max_requests_waiting"] = analysis.max_waiting.get(name)
+        check = next((c for c in analysis.cache_check if c.regime == name), None)
+        entry["cache_hit_rate_all_sources"] = check.from_requests if check else None
+        entry["cache_hit_rate_metrics"] = check.from_metrics if check else None
+    sensitivity = _section(analysis, analysis.sensitivity)
+    for name, entry in sensitivity.items():
+        entry["substitutions"] = [
+            {"block": b.block, "arm": arm}
+            for b in analysis.blocks if b.regime == name and b.sensitivity
+            for arm in b.substituted
+        ]
+    pooled = analysis.primary.get(POOLED)
+    pooled_sensitivity = analysis.sensitivity.get(POOLED)
+    return {
+        "schema_version": SUMMARY_SCHEMA_VERSION,
+        "run_id": analysis.run_id,
+        "task": analysis.records.manifest.get("task"),
+        "reference_arm": REFERENCE_ARM,
+        "arms": list(analysis.arms),
+        "seed": analysis.seed,
+        "bootstrap_resamples": BOOTSTRAP_RESAMPLES,
+        "confidence": CONFIDENCE,
+        "min_blocks_for_interval": MIN_BLOCKS_FOR_INTERVAL,
+        "regimes": regimes,
+        "pooled": _comparison(analysis, pooled) if pooled else None,
+        "sensitivity": {
+            "regimes": sensitivity,
+            "pooled": _comparison(analysis, pooled_sensitivity) if pooled_sensitivity else None,
+        },
+        "failures": [
+            {"regime": f.regime, "arm": f.arm, "attempt": f.attempt, "reason": f.reason,
+             "count": f.count}
+            for f in analysis.failures
+        ],
+        "max_requests_waiting": analysis.max_waiting.get("all"),
+        "serving": analysis.serving,
+        "issues": [
+            {"file": i.file, "line": i.line, "reason": i.reason} for i in analysis.records.issues
+        ],
+    }

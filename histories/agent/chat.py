@@ -1,0 +1,224 @@
+"""A mini-swe-agent `Model` that talks to any OpenAI-compatible server through the suite's one
+streaming client (`loadgen.client`), the client `make bench-client` measures.
+
+It streams every response and stamps each chunk on arrival (one monotonic clock), records every
+request as a `RequestRecord` (prompt, cached, completion, reasoning tokens, the sampling seed and
+the sha256 of the exact body sent), and supports two action protocols:
+
+- `tool_calls`: a native `bash` tool; the model's reasoning field is sent back on later turns.
+- `text`: one fenced bash block per turn (mini-swe-agent's text protocol). With
+  `structured_text`, vLLM's structured outputs force a THOUGHT line and one fenced command, which
+  is what lets a 135M model produce well-formed actions; the manifest records when it is used.
+
+With `tools` set (decision tasks), the task's tools replace `bash` and replies are parsed by
+`histories.tasks.decision_protocol` (tool calls of the task's tools, JSON text actions, FINAL
+lines). A request that fails (connection, HTTP error, stalled stream) raises `TransportError`
+after its record is kept: the continuation records the arm as failed, nothing is retried.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, Literal
+
+from minisweagent.exceptions import FormatError
+from minisweagent.models.utils.actions_text import (
+    format_observation_messages,
+    parse_regex_actions,
+)
+from minisweagent.models.utils.actions_toolcall import (
+    BASH_TOOL,
+    format_toolcall_observation_messages,
+    parse_toolcall_actions,
+)
+from openai.types.chat import ChatCompletionMessageToolCall
+from pydantic import BaseModel, ConfigDict, Field
+
+from common.net import api_url
+from common.timing import Clock, monotonic
+from histories.format.actions import BASH_ACTION_REGEX, STRUCTURED_TEXT_REGEX
+from histories.policies.base import HistoryPolicy
+from histories.tasks.decision_protocol import parse_decision_actions
+from loadgen.client import PreparedRequest, RequestRecord, Response, StreamClient, prepare
+from serve.profile import Profile
+
+OBSERVATION_TEMPLATE = (
+    "{% if output.exception_info %}<exception>{{output.exception_info}}</exception>\n{% endif %}"
+    "<returncode>{{output.returncode}}</returncode>\n<output>\n{{output.output}}</output>"
+)
+
+
+class TransportError(RuntimeError):
+    """A model request failed (connection, HTTP status, stalled or malformed stream)."""
+
+
+class ChatModelConfig(BaseModel):
+    """How to reach the model and how its turns look."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    api_url: str
+    model_name: str = "target"
+    api_key: str | None = None
+    protocol: Literal["tool_calls", "text"] = "tool_calls"
+    reasoning_mode: Literal["native", "tagged-visible"] = "native"
+    structured_text: bool = False
+    temperature: float = 0.0
+    max_tokens: int = 512
+    seed: int | None = 0
+    request_timeout_s: float = Field(
+        default=1800.0, gt=0, description="inactivity deadline: the longest silence tolerated "
+        "on a stream (the first token of a queued request included)")
+    extra_body: dict[str, Any] = {}
+    tools: list[dict[str, Any]] | None = None
+    """Decision tasks: these tool schemas, not `bash` (`histories.tasks.decision_protocol`)."""
+    action_regex: str = BASH_ACTION_REGEX
+    structured_regex: str = STRUCTURED_TEXT_REGEX
+    observation_template: str = OBSERVATION_TEMPLATE
+    format_error_template: str = (
+        "Format error: {{error}}. Reply with one THOUGHT line and exactly one ```bash block."
+    )
+
+
+class ChatModel:
+    """mini-swe-agent `Model` protocol over the suite's streaming client, with records.
+
+    `on_request(record, request)` is called with every request's record (absolute clock times)
+    and the prepared request (its exact bytes), as soon as the request ends, failed or not.
+    """
+
+    def __init__(
+        self,
+        config: ChatModelConfig,
+        *,
+        clock: Clock = monotonic,
+        on_request: Callable[[RequestRecord, PreparedRequest], None] | None = None,
+        policy: HistoryPolicy | None = None,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.on_request = on_request
+        self.policy = policy
+        self.records: list[RequestRecord] = []
+        self.first_body: bytes | None = None  # the first request exactly as sent
+        self.rewrite_s = 0.0  # time spent in policy.prepare, kept apart from request time
+        self.client = StreamClient(read_timeout_s=config.request_timeout_s, clock=clock)
+
+    # --- mini-swe-agent Model protocol -------------------------------------------------------
+    def query(self, messages: list[dict[str, Any]], **kwargs: Any) -> dict[str, Any]:
+        if self.policy is not None:
+            started = self.clock()
+            messages = self.policy.prepare(messages)
+            self.rewrite_s += self.clock() - started
+        response = self.request(self.api_messages(messages))
+        message = response.message()
+        extra: dict[str, Any] = {"request": response.record.to_json(), "cost": 0.0,
+                                 "timestamp": time.time()}
+        try:
+            extra["actions"] = self._parse_actions(message, response.record.finish_reason)
+        except FormatError as exc:
+            exc.messages[0]["extra"].update({**extra, "response": message})
+            raise
+        message["extra"] = extra
+        return message
+
+    def format_message(self, **kwargs: Any) -> dict[str, Any]:
+        return dict(kwargs)
+
+    def format_observation_messages(
+        self, message: dict[str, Any], outputs: list[dict[str, Any]],
+        template_vars: dict[str, Any] | None = None,
+    ) -> list[dict[str, Any]]:
+        if self.config.protocol == "tool_calls":
+            return format_toolcall_observation_messages(
+                actions=message.get("extra", {}).get("actions", []), outputs=outputs,
+                observation_template=self.config.observation_template,
+                template_vars=template_vars)
+        return format_observation_messages(
+            outputs, observation_template=self.config.observation_template,
+            template_vars=template_vars)
+
+    def get_template_vars(self, **kwargs: Any) -> dict[str, Any]:
+        return self.config.model_dump()
+
+    def serialize(self) -> dict[str, Any]:
+        cfg = self.config.model_dump(mode="json", exclude={"api_key"})
+        return {"info": {"config": {"model": cfg,
+                                    "model_type": f"{__name__}.{type(self).__name__}"}}}
+
+    def close(self) -> None:
+        self.client.close()
+
+    # --- internals ------------------------------------------------------------------------
+    def api_messages(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """What goes on the wire: no `extra`, no exit messages; reasoning only in native mode."""
+        out = []
+        for msg in messages:
+            if msg.get("role") == "exit":
+                continue
+            wire = {k: v for k, v in msg.items() if k != "extra"}
+            if self.config.reasoning_mode != "native":
+                wire.pop("reasoning", None)
+            out.append(wire)
+        return out
+
+    def request_body(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        """The chat-completions body for `messages` (already in wire form), as sent."""
+        body: dict[str, Any] = {
+            "model": self.config.model_name, "messages": messages,
+            "temperature": self.config.temperature, "max_tokens": self.config.max_tokens,
+            "stream": True, "stream_options": {"include_usage": True},
+        }
+        if self.config.seed is not None:
+            body["seed"] = self.config.seed
+        if self.config.protocol == "tool_calls":
+            body["tools"] = self.config.tools if self.config.tools is not None else [BASH_TOOL]
+        elif self.config.structured_text:
+            body["structured_outputs"] = {"regex": self.config.structured_regex}
+        body.update(self.config.extra_body)
+        return body
+
+    def request(self, messages: list[dict[str, Any]]) -> Response:
+        """Send one request for wire-form `messages` and return its response; its record goes
+        to `records` and `on_request` first. A failed request raises `TransportError`."""
+        request = prepare(self.config.api_url, self.request_body(messages),
+                          request_id=uuid.uuid4().hex, api_key=self.config.api_key)
+        if self.first_body is None:
+            self.first_body = request.body
+        response = self.client.send(request)
+        record = response.record.labelled(seed=self.config.seed,
+                                          body_sha256=request.body_sha256)
+        self.records.append(record)
+        if self.on_request is not None:
+            self.on_request(record, request)
+        if not record.ok:
+            raise TransportError(record.error or "request failed")
+        return response
+
+    def _parse_actions(self, message: dict[str, Any], finish: str | None) -> list[dict[str, Any]]:
+        kwargs = {"format_error_template": self.config.format_error_template,
+                  "template_kwargs": {"finish_reason": finish}}
+        if self.config.tools is not None:
+            return parse_decision_actions(
+                message, self.config.protocol, finish_reason=finish,
+                format_error_template=self.config.format_error_template)
+        if self.config.protocol == "tool_calls":
+            calls = [ChatCompletionMessageToolCall.model_validate(c)
+                     for c in message.get("tool_calls", [])]
+            return parse_toolcall_actions(calls, **kwargs)  # type: ignore[arg-type]
+        return parse_regex_actions(message["content"], action_regex=self.config.action_regex,
+                                   **kwargs)  # type: ignore[arg-type]
+
+
+def config_for_profile(profile: Profile, url: str, seed: int = 0) -> ChatModelConfig:
+    """The agent's model settings for a server profile: native tool calls for models that have
+    them; text actions forced by structured outputs for small models that do not."""
+    text = not profile.model.tool_calls
+    return ChatModelConfig(
+        api_url=api_url(url), model_name=profile.model.target_name,
+        api_key=os.environ.get("API_KEY") or None,
+        protocol="text" if text else "tool_calls", reasoning_mode=profile.model.reasoning,
+        structured_text=text, seed=seed, temperature=0.7, max_tokens=256 if text else 4096)

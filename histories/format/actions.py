@@ -1,0 +1,46 @@
+"""The action syntax of text-protocol turns, in one place: fenced action blocks, mini-swe-agent's
+THOUGHT label, decision tasks' JSON calls and FINAL lines, and what structured outputs force.
+
+A text-protocol assistant turn is a thought and exactly one fenced action block; the fence
+languages below mark an action (mini-swe-agent v1 `bash`, v2 `mswea_bash_command`, SWE-agent's
+untagged fence, and `json` for a decision task's tool call written as text).
+"""
+
+from __future__ import annotations
+
+import re
+
+ACTION_FENCE_LANGS = frozenset({"bash", "sh", "shell", "mswea_bash_command", "json", ""})
+FENCE_RE = re.compile(r"```([\w-]*)[ \t]*\n(.*?)\n?```", re.DOTALL)
+THOUGHT_LABEL_RE = re.compile(r"^THOUGHT:[ \t]*")
+# What mini-swe-agent parses a bash action with (its text protocol).
+BASH_ACTION_REGEX = r"```bash\s*\n(.*?)\n```"
+# What structured outputs force in the text protocol: one THOUGHT line, then one fenced command.
+# Unbounded repeats on purpose (max_tokens bounds the length): xgrammar needs about 4 s to
+# compile `{1,400}` on these 2 cores, past vLLM's 5 s limit under load, and 0.02 s for `+`.
+STRUCTURED_TEXT_REGEX = r"THOUGHT: [^\n`]+\n\n```bash\n[^`\n][^`]*\n```"
+# A decision task's answer line (optionally bold), and its tool call written as text.
+FINAL_LINE_RE = re.compile(r"(?im)^\s*(?:\*\*)?FINAL:")
+JSON_FENCE_RE = re.compile(r"```json[ \t]*\n(.*?)\n?```", re.DOTALL)
+# A candidate or case id inside structured-outputs regexes.
+ID_PATTERN = r"[A-Za-z0-9_.-]{1,24}"
+
+
+def action_fences(content: str) -> list[re.Match[str]]:
+    """The fenced blocks of `content` whose language marks an action."""
+    return [m for m in FENCE_RE.finditer(content) if m.group(1) in ACTION_FENCE_LANGS]
+
+
+def split_text_action(content: str) -> tuple[str, str] | None:
+    """(thought, command) when `content` holds exactly one fenced action block, else None."""
+    actions = action_fences(content)
+    if len(actions) != 1:
+        return None
+    match = actions[0]
+    thought = (content[: match.start()] + content[match.end():]).strip()
+    return thought, match.group(2).strip()
+
+
+def has_final_line(text: str | None) -> bool:
+    """Whether `text` has a `FINAL:` line (the answer check itself is the task's)."""
+    return bool(text) and FINAL_LINE_RE.search(text or "") is not None

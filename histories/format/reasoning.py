@@ -1,0 +1,66 @@
+"""Reasoning blocks inside assistant messages: find one, name its action, put a record in its
+place without touching anything else.
+
+Where the block is: the `reasoning` field in native mode; in tagged-visible mode the visible
+thought, i.e. the content without its single fenced action (text protocol) or the whole content
+(tool calls), as `History.reasoning_blocks` defines it. mini-swe-agent's `THOUGHT:` label is
+protocol, not reasoning: it is kept out of the compressor and put back in front of the record.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from histories.format.actions import THOUGHT_LABEL_RE, action_fences, split_text_action
+
+# --- blocks inside messages --------------------------------------------------------------------
+
+def action_name(message: dict[str, Any], protocol: str) -> str:
+    """The requested action's name: the tool function's name for tool calls (all of them,
+    joined, where a turn makes several), `bash` for a text-protocol fenced command, `none`."""
+    if protocol == "text":
+        return "bash" if split_text_action(message.get("content") or "") else "none"
+    names = [str((call.get("function") or {}).get("name", ""))
+             for call in message.get("tool_calls") or [] if isinstance(call, dict)]
+    return ",".join(names) if names else "none"
+
+
+def block_text(message: dict[str, Any], reasoning_mode: str, protocol: str) -> str:
+    """An assistant message's reasoning block, as `History.reasoning_blocks` defines it."""
+    if reasoning_mode == "native":
+        return str(message.get("reasoning") or "")
+    content = str(message.get("content") or "")
+    if protocol == "text":
+        split = split_text_action(content)
+        return split[0] if split else content.strip()
+    return content.strip()
+
+
+def thought_label(block: str) -> tuple[str, str]:
+    """('THOUGHT: ', rest) for a text-protocol thought with mini-swe-agent's label, else
+    ('', block): the label is protocol, not reasoning, and is kept out of the compressor."""
+    match = THOUGHT_LABEL_RE.match(block)
+    return (match.group(0), block[match.end():]) if match else ("", block)
+
+
+def replace_block(message: dict[str, Any], record: str, reasoning_mode: str,
+                  protocol: str) -> dict[str, Any]:
+    """A copy of `message` carrying `record` as its reasoning block; the message itself when the
+    record equals the block (identity keeps every byte). The action is never touched."""
+    if record == block_text(message, reasoning_mode, protocol):
+        return message
+    new = dict(message)
+    if reasoning_mode == "native":
+        new["reasoning"] = record
+        if "reasoning_content" in new:  # a provider alias must not keep the original beside it
+            new["reasoning_content"] = record
+        return new
+    content = str(message.get("content") or "")
+    if protocol == "text":
+        actions = action_fences(content)
+        if len(actions) != 1:
+            raise ValueError("text-protocol message without exactly one action block")
+        new["content"] = f"{record}\n\n{actions[0].group(0)}"
+        return new
+    new["content"] = record
+    return new

@@ -1,0 +1,3 @@
+"""History policies, one per arm: given the messages before a request, the messages to send.
+The protocol and the reference arm (`base`), continuous compaction during a continuation
+(`compacting`)."""

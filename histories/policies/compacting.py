@@ -1,0 +1,106 @@
+"""Continuous compaction: the history policy of a compaction arm during a continuation.
+
+Before each target request it compacts the reasoning blocks that are new since the last request
+(Appendix D.1: every unique prior nonempty block once, cached by raw text and action name) and
+returns the messages with records in their place. The agent's own message list keeps the raw
+blocks; only what is sent changes. `ChatModel` times `prepare` into `rewrite_s`, apart from the
+target's requests; the policy also keeps its own results and time per call, so the bench can
+report postfork time with and without rewriting.
+
+Blocks that an arm file already carries (its prefix up to the fork, compacted at the fork) are
+settled and never compacted again; continuing `clean.json` with this policy instead compacts the
+prefix through the shared cache, which yields the same records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from common.timing import Clock, monotonic
+from histories.compaction.arms import compaction_dir
+from histories.compaction.compactor import (
+    CompactionCache,
+    CompactionResult,
+    Compactor,
+    CompressorConfig,
+    compact_message,
+)
+from histories.compaction.ledger import Ledger
+from histories.format.history import History
+from histories.format.reasoning import action_name, block_text, replace_block
+
+
+class ContinuousCompaction:
+    """A `HistoryPolicy` that compacts new reasoning blocks before every request."""
+
+    def __init__(self, compactor: Compactor, *, name: str, reasoning_mode: str, protocol: str,
+                 settled: Iterable[tuple[int, str]] = (), task: str | None = None,
+                 clock: Clock = monotonic) -> None:
+        self.compactor = compactor
+        self.name = name
+        self.reasoning_mode = reasoning_mode
+        self.protocol = protocol
+        self.task = task
+        self.clock = clock
+        self._settled = set(settled)
+        self._done: dict[tuple[str, str], str] = {}  # (raw block, action) -> block to send
+        self.results: list[CompactionResult] = []
+        self.calls: list[dict[str, Any]] = []  # per prepare: time, blocks compacted
+
+    @property
+    def rewrite_s(self) -> float:
+        return float(sum(c["rewrite_s"] for c in self.calls))
+
+    def prepare(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The messages to send: records in place of reasoning blocks; nothing else changes and
+        `messages` itself is not mutated."""
+        started = self.clock()
+        new_blocks = 0
+        out = []
+        for index, message in enumerate(messages):
+            if message.get("role") != "assistant":
+                out.append(message)
+                continue
+            block = block_text(message, self.reasoning_mode, self.protocol)
+            if (index, block) in self._settled or not block.strip():
+                out.append(message)
+                continue
+            key = (block, action_name(message, self.protocol))
+            if key not in self._done:
+                new_blocks += 1
+                sent, result = compact_message(
+                    self.compactor, message, self.reasoning_mode, self.protocol,
+                    context={"task": self.task, "arm": self.name, "message_index": index,
+                             "phase": "continuation", "request": len(self.calls)})
+                if result is not None:
+                    self.results.append(result)
+                # A failed block stays raw for the rest of the run (recorded once, not retried
+                # before every request); the persistent cache still lacks it for a rerun.
+                self._done[key] = block_text(sent, self.reasoning_mode, self.protocol)
+            out.append(replace_block(message, self._done[key], self.reasoning_mode,
+                                     self.protocol))
+        self.calls.append({"request": len(self.calls), "new_blocks": new_blocks,
+                           "rewrite_s": self.clock() - started})
+        return out
+
+
+def policy_for(history: History, config: CompressorConfig, *, name: str | None = None,
+               cache_path: str | Path | None = None, ledger_path: str | Path | None = None,
+               history_path: str | Path | None = None,
+               clock: Clock = monotonic) -> ContinuousCompaction:
+    """The continuous-compaction policy for continuing `history` (an arm file or clean.json).
+
+    An arm's own blocks are settled (they were compacted at the fork). Cache and ledger default
+    to the task folder's `compaction/` when `history_path` is given, else stay in memory.
+    """
+    folder = compaction_dir(history_path) if history_path is not None else None
+    cache = CompactionCache(cache_path or (folder / "cache.jsonl" if folder else None))
+    ledger = Ledger(ledger_path or (folder / "ledger.jsonl" if folder else None))
+    settled = history.reasoning_blocks() if history.arm != "clean" else []
+    return ContinuousCompaction(
+        Compactor(config, cache=cache, ledger=ledger, clock=clock),
+        name=name or (history.arm if history.arm != "clean" else config.name),
+        reasoning_mode=history.reasoning_mode, protocol=history.action_protocol,
+        settled=settled, task=history.task, clock=clock)

@@ -1,0 +1,363 @@
+"""Our streaming chat client: one request, every SSE event stamped on arrival. The one client
+of the suite: the arms, their compressors and the background users all send through it, and
+`make bench-client` measures it against vLLM's and AIPerf's clients.
+
+Measurement contract:
+- One clock for everything: `common.timing.monotonic`, unless a `clock` is injected. Stamps are
+  raw seconds on that clock, never rounded.
+- The body is serialized by `prepare()` before the clock starts; `sent_s` is stamped right
+  before the connection is opened (or reused) and the request written.
+- The response is read with `read1`, which returns whatever one socket read delivered (one HTTP
+  chunk at most): no line buffering, no "wait for 1 KiB". Events are decoded by
+  `loadgen.sse.SSEDecoder` (every separator the SSE specification allows) and every event is
+  stamped with the time of the read that completed it. `first_token_s` is the first event
+  carrying generated text (content, reasoning or a tool-call delta); `chunk_times_s` holds one
+  stamp per such event; `end_s` is the stamp of the read that completed the response. So
+  `end_s - first_token_s` = the sum of inter-token gaps + (end_s - last token), exactly.
+- Timeouts are explicit: `connect_timeout_s` for the TCP connect, `read_timeout_s` as the
+  longest silence tolerated (an inactivity deadline: a queued request under overload can wait
+  minutes for its first token, a stalled stream is cut when it has said nothing for that long).
+  No retries, ever: a failure is returned as `status="error"` with a message, never raised and
+  never re-sent. Malformed events (`data: 1`, `{"choices": [1]}`) are failures too.
+- Built on `http.client` and plain sockets, so it runs in plain threads and, unchanged, under
+  gevent's monkey-patching inside locust (where the socket waits become cooperative). Names are
+  resolved per connection (nothing is cached process-wide); IP literals skip the resolver.
+"""
+
+from __future__ import annotations
+
+import http.client
+import ipaddress
+import json
+import select
+import socket
+import urllib.parse
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from common.timing import Clock, monotonic
+from loadgen.request import PreparedRequest, RequestRecord, Response, prepare
+from loadgen.sse import Dechunker, SSEDecoder
+
+__all__ = ["PreparedRequest", "RequestRecord", "Response", "StreamClient", "prepare",
+           "send_once"]
+
+class _Stream:
+    """What has arrived so far for one request (mutable while the request runs)."""
+
+    def __init__(self, request: PreparedRequest, sent_s: float) -> None:
+        self.request = request
+        self.sent_s = sent_s
+        self.first_token_s: float | None = None
+        self.chunk_times: list[float] = []
+        self.end_s: float | None = None
+        self.usage: dict[str, Any] = {}
+        self.finish_reason: str | None = None
+        self.http_status: int | None = None
+        self.content: list[str] = []
+        self.reasoning: list[str] = []
+        self.calls: dict[int, dict[str, Any]] = {}
+        self.events = 0
+        self.status = "error"
+        self.error: str | None = None
+
+    def take(self, delta: dict[str, Any], now: float, *, stamp: bool = True) -> None:
+        """Absorb one delta (or a whole non-streamed message with `stamp=False`: no token times
+        exist then, so none are invented)."""
+        content = delta.get("content")
+        reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+        calls = delta.get("tool_calls")
+        generated = False
+        if isinstance(content, str) and content:
+            self.content.append(content)
+            generated = True
+        if isinstance(reasoning, str) and reasoning:
+            self.reasoning.append(reasoning)
+            generated = True
+        if isinstance(calls, list) and calls:
+            generated = True
+            for number, call in enumerate(calls):
+                if not isinstance(call, dict):
+                    raise ValueError("a tool-call delta is not an object")
+                index = call.get("index", number)
+                slot = self.calls.setdefault(index if isinstance(index, int) else number, {
+                    "id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+                if isinstance(call.get("id"), str):
+                    slot["id"] = call["id"]
+                function = call.get("function")
+                if isinstance(function, dict):
+                    slot["function"]["name"] += str(function.get("name") or "")
+                    slot["function"]["arguments"] += str(function.get("arguments") or "")
+        if generated and stamp:
+            if self.first_token_s is None:
+                self.first_token_s = now
+            self.chunk_times.append(now)
+
+    def response(self) -> Response:
+        usage = self.usage
+        prompt_details = usage.get("prompt_tokens_details")
+        completion_details = usage.get("completion_tokens_details")
+        content, reasoning = "".join(self.content), "".join(self.reasoning)
+        record = RequestRecord(
+            request_id=self.request.request_id, sent_s=self.sent_s, status=self.status,
+            model=self.request.model, intended_send_s=self.request.intended_send_s,
+            first_token_s=self.first_token_s, end_s=self.end_s,
+            chunk_times_s=tuple(self.chunk_times),
+            prompt_tokens=_int(usage.get("prompt_tokens")),
+            cached_tokens=_int(prompt_details.get("cached_tokens"))
+            if isinstance(prompt_details, dict) else None,
+            completion_tokens=_int(usage.get("completion_tokens")),
+            reasoning_tokens=_int(completion_details.get("reasoning_tokens"))
+            if isinstance(completion_details, dict) else None,
+            error=self.error, http_status=self.http_status, finish_reason=self.finish_reason,
+            text_chars=len(content) + len(reasoning))
+        calls = tuple(self.calls[i] for i in sorted(self.calls))
+        return Response(record=record, content=content, reasoning=reasoning, tool_calls=calls)
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+class StreamClient:
+    """Sends prepared requests over one kept-alive connection. One client per thread/greenlet."""
+
+    def __init__(self, *, connect_timeout_s: float = 10.0, read_timeout_s: float = 3600.0,
+                 clock: Clock = monotonic) -> None:
+        self.connect_timeout_s = connect_timeout_s
+        self.read_timeout_s = read_timeout_s
+        self.clock = clock
+        self._conn: http.client.HTTPConnection | None = None
+        self._netloc: str | None = None
+        # The request being sent, so a caller interrupted mid-request (a greenlet killed when
+        # locust stops) can still record what had arrived: `partial()`.
+        self._current: _Stream | None = None
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def partial(self, error: str) -> Response | None:
+        """What the request in flight had received, as a failed response (None: none)."""
+        current = self._current
+        if current is None:
+            return None
+        current.status, current.error = "error", error
+        current.end_s = self.clock()
+        return current.response()
+
+    def _connection(self, parsed: urllib.parse.SplitResult) -> http.client.HTTPConnection:
+        if self._conn is not None and (self._netloc != parsed.netloc or _peer_closed(self._conn)):
+            self.close()  # nothing was sent on it yet: reconnecting is not a retry
+        if self._conn is None:
+            host = parsed.hostname or "127.0.0.1"
+            conn: http.client.HTTPConnection
+            if parsed.scheme == "https":
+                conn = http.client.HTTPSConnection(host, parsed.port,
+                                                   timeout=self.connect_timeout_s)
+                conn.connect()
+            else:
+                conn = http.client.HTTPConnection(host, parsed.port,
+                                                  timeout=self.connect_timeout_s)
+                conn.sock = _open_socket(host, parsed.port or 80, self.connect_timeout_s)
+            if conn.sock is not None:
+                conn.sock.settimeout(self.read_timeout_s)
+                conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._conn, self._netloc = conn, parsed.netloc
+        return self._conn
+
+    def send(self, request: PreparedRequest) -> Response:
+        """Send once and read to the end. Never raises for transport or server errors."""
+        parsed = urllib.parse.urlsplit(request.url)
+        path = parsed.path + (f"?{parsed.query}" if parsed.query else "")
+        got = _Stream(request, self.clock())
+        self._current = got
+        try:
+            conn = self._connection(parsed)
+            conn.request("POST", path, body=request.body, headers={
+                "Content-Type": "application/json", "Accept": "text/event-stream",
+                "X-Request-Id": request.request_id, **dict(request.headers)})
+            response = conn.getresponse()
+            got.http_status = response.status
+            if response.status != 200:
+                detail = response.read(4096).decode("utf-8", "replace").strip()
+                got.end_s = self.clock()
+                got.error = f"HTTP {response.status} from {request.url}: {detail[:500]}"
+                self.close()
+            elif request.stream:
+                self._read_stream(response, got)
+            else:
+                self._read_whole(response, got)
+            if got.status == "ok" and response.will_close:
+                self.close()
+        except ConnectionRefusedError:
+            self._fail(got, f"connection refused by {request.url} (is the server running? "
+                       "start one with `make serve`, or pass its URL)")
+        except (http.client.IncompleteRead, ConnectionResetError, BrokenPipeError) as exc:
+            self._fail(got, f"server closed the connection mid-stream after "
+                       f"{len(got.chunk_times)} tokens ({type(exc).__name__}) on {request.url}")
+        except TimeoutError as exc:
+            self._fail(got, f"timed out on {request.url} ({exc or 'no data'}; connect "
+                       f"{self.connect_timeout_s}s, longest silence {self.read_timeout_s}s) "
+                       f"after {len(got.chunk_times)} tokens")
+        except (OSError, http.client.HTTPException, ValueError, TypeError) as exc:
+            self._fail(got, f"{type(exc).__name__} on {request.url}: {exc}".rstrip(": "))
+        self._current = None
+        return got.response()
+
+    def _fail(self, got: _Stream, message: str) -> None:
+        got.end_s = self.clock()
+        got.status, got.error = "error", message
+        self.close()
+
+    def decode(self, reads: Iterable[bytes], request: PreparedRequest) -> Response:
+        """Decode a streamed body given as raw reads (no HTTP chunking), each stamped by this
+        client's clock as it is taken: the very path `send` uses, without a socket (tests on a
+        scripted clock, replays of captured streams). `sent_s` is one clock reading first."""
+        got = _Stream(request, self.clock())
+        source = iter(reads)
+        try:
+            done = self._consume(lambda: next(source, b""), None, got)
+        except (ValueError, TypeError) as exc:
+            self._fail(got, f"{type(exc).__name__}: {exc}")
+            return got.response()
+        self._settle(done, got)
+        return got.response()
+
+    def _consume(self, read: Callable[[], bytes], dechunk: Dechunker | None,
+                 got: _Stream) -> bool:
+        """Read until [DONE] or the end of the body; True when [DONE] came. Every event is
+        stamped with the time of the read that completed it."""
+        decoder = SSEDecoder()
+        while True:
+            data = read()
+            now = self.clock()
+            if not data:
+                return False
+            for event in decoder.feed(dechunk.feed(data) if dechunk is not None else data):
+                got.events += 1
+                if self._event(event, now, got):
+                    got.end_s = now
+                    return True
+            got.end_s = now
+
+    def _settle(self, done: bool, got: _Stream) -> None:
+        if done:
+            got.status, got.error = "ok", None
+        else:
+            got.status = "error"
+            got.error = (f"stream ended before [DONE] after {got.events} events and "
+                         f"{len(got.chunk_times)} tokens (server closed the connection)")
+
+    def _read_stream(self, response: http.client.HTTPResponse, got: _Stream) -> None:
+        # The body is read straight from the connection's buffered file with one `read1` per
+        # arrival (no line reads), and de-chunked here: per event this costs a fraction of
+        # http.client's chunk handling, which matters with hundreds of streams in one process.
+        fp = response.fp
+        assert fp is not None
+        dechunk = Dechunker() if response.chunked else None
+        done = self._consume(lambda: fp.read1(65536), dechunk, got)
+        self._settle(done, got)
+        if done:
+            # read the chunked terminator, so the kept-alive connection starts clean
+            while dechunk is not None and not dechunk.finished:
+                more = fp.read1(65536)
+                if not more:
+                    break
+                dechunk.feed(more)
+            if dechunk is None or not dechunk.finished:
+                self.close()
+            response.close()  # closes the response's file only; the socket stays with us
+        else:
+            self.close()
+
+    def _event(self, event: bytes, now: float, got: _Stream) -> bool:
+        """Handle one SSE event's data; True on `[DONE]`. Malformed events raise ValueError."""
+        if event == b"[DONE]":
+            return True
+        try:
+            chunk = json.loads(event)
+        except ValueError:
+            raise ValueError(f"malformed stream event (not JSON): {event[:80]!r}") from None
+        if not isinstance(chunk, dict):
+            raise ValueError(f"malformed stream event (not an object): {event[:80]!r}")
+        choices = chunk.get("choices")
+        if "error" in chunk and not choices:
+            raise ValueError(f"server error in stream: {str(chunk['error'])[:300]}")
+        if choices is not None and not isinstance(choices, list):
+            raise ValueError(f"malformed stream event ('choices' is not a list): {event[:80]!r}")
+        for choice in choices or ():
+            if not isinstance(choice, dict):
+                raise ValueError(f"malformed stream event (a choice is not an object): "
+                                 f"{event[:80]!r}")
+            delta = choice.get("delta") or {}
+            if not isinstance(delta, dict):
+                raise ValueError(f"malformed stream event ('delta' is not an object): "
+                                 f"{event[:80]!r}")
+            got.take(delta, now)
+            if isinstance(choice.get("finish_reason"), str):
+                got.finish_reason = choice["finish_reason"]
+        if isinstance(chunk.get("usage"), dict):
+            got.usage = chunk["usage"]
+        return False
+
+    def _read_whole(self, response: http.client.HTTPResponse, got: _Stream) -> None:
+        data = response.read()
+        got.end_s = self.clock()
+        body = json.loads(data)
+        if not isinstance(body, dict) or not isinstance(body.get("choices"), list) or not (
+                body["choices"]) or not isinstance(body["choices"][0], dict):
+            raise ValueError(f"not a chat completion: {data[:120]!r}")
+        choice = body["choices"][0]
+        message = choice.get("message") or {}
+        if not isinstance(message, dict):
+            raise ValueError("the completion's message is not an object")
+        got.take(message, got.end_s, stamp=False)
+        got.finish_reason = choice.get("finish_reason")
+        if isinstance(body.get("usage"), dict):
+            got.usage = body["usage"]
+        got.status = "ok"
+
+
+def _open_socket(host: str, port: int, timeout: float) -> socket.socket:
+    """A connected TCP socket. An IP literal connects directly; a name is resolved for this
+    connection only (no process-wide cache: a name's address may change)."""
+    try:
+        literal = ipaddress.ip_address(host)
+        family = socket.AF_INET6 if literal.version == 6 else socket.AF_INET
+        address: tuple[Any, ...] = (host, port)
+        kind, proto = socket.SOCK_STREAM, 0
+    except ValueError:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port,
+                                                             type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.settimeout(timeout)
+        sock.connect(address)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _peer_closed(conn: http.client.HTTPConnection) -> bool:
+    """True when an idle kept-alive socket is readable: the server closed (or broke) it."""
+    if conn.sock is None:
+        return True
+    try:
+        readable, _, _ = select.select([conn.sock], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(readable)
+
+
+def send_once(api_url: str, payload: dict[str, Any], *, request_id: str,
+              read_timeout_s: float = 3600.0, api_key: str | None = None,
+              clock: Clock = monotonic) -> Response:
+    """One request on a fresh connection (convenience for scripts and tests)."""
+    client = StreamClient(read_timeout_s=read_timeout_s, clock=clock)
+    try:
+        return client.send(prepare(api_url, payload, request_id=request_id, api_key=api_key))
+    finally:
+        client.close()

@@ -1,0 +1,42 @@
+"""Runs side by side, and the refusal to compare runs of different tasks or arms."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.report.compare import RunMismatchError, compare_runs
+
+
+def test_compares_matching_runs(make_run: Callable[..., Path], tmp_path: Path) -> None:
+    a = make_run("run-a", regimes=("dedicated",), blocks=4, serving=False)
+    b = make_run("run-b", seed=3, regimes=("dedicated", "shared"), blocks=4, serving=False)
+    out = tmp_path / "comparison.md"
+    text = compare_runs([a, b], out)
+    assert out.read_text() == text
+    assert "| Regime | Arm | run-a | run-b |" in text
+    assert "| shared | clean median | — |" in text
+    assert "(n=4); faster 4/4" in text
+
+
+def test_refuses_mismatched_arms(make_run: Callable[..., Path]) -> None:
+    a = make_run("run-a", blocks=3, serving=False)
+    b = make_run("run-b", blocks=3, ratios={"self": 0.8}, serving=False)
+    with pytest.raises(RunMismatchError) as error:
+        compare_runs([a, b])
+    message = str(error.value)
+    assert "run-a" in message and "run-b" in message
+    assert "arms differ: run-a=[clean, external, self], run-b=[clean, self]" in message
+
+
+def test_refuses_mismatched_tasks_from_the_cli(make_run: Callable[..., Path],
+                                              bench_cli: Any) -> None:
+    a = make_run("run-a", blocks=3, serving=False)
+    b = make_run("run-b", blocks=3, task="other-task", serving=False)
+    result = bench_cli("compare", str(a), str(b))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "tasks differ: run-a=demo-task, run-b=other-task" in lines[0]

@@ -1,0 +1,68 @@
+"""The report writes Markdown, HTML with embedded plots, PNG files and summary.json."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.report.run_report import write_report
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_writes_markdown_html_and_images(reported_run: Path) -> None:
+    plots = list((reported_run / "plots").iterdir())
+    names = sorted(p.name for p in plots)
+    assert names == ["cache_rates.png", "latency_cdfs.png", "paired_dots.png",
+                     "server_timeseries.png"]
+    for path in plots:
+        assert path.read_bytes().startswith(PNG_MAGIC)
+    html = (reported_run / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == 4
+    markdown = (reported_run / "report.md").read_text()
+    for name in names:
+        assert f"(plots/{name})" in markdown
+    for heading in ("Postfork marginal time", "Per-block records", "Request latency",
+                    "Prefix cache", "Server queue and KV cache", "Tokens per continuation"):
+        assert f"## {heading}" in markdown
+
+
+def test_summary_json_schema(reported_run: Path) -> None:
+    summary = json.loads((reported_run / "summary.json").read_text())
+    assert summary["schema_version"] == 2
+    assert summary["max_requests_waiting"] > 0
+    assert summary["pooled"]["regimes"] == ["dedicated", "shared", "overloaded"]
+    for regime in ("dedicated", "shared", "overloaded"):
+        arms = summary["regimes"][regime]["arms"]
+        assert arms["clean"]["paired_median_change_pct"] is None
+        assert arms["clean"]["ci_low_pct"] is None
+        for arm in ("external", "self"):
+            entry = arms[arm]
+            assert entry["blocks_complete"] == 4
+            assert entry["ci_low_pct"] <= entry["paired_median_change_pct"] <= entry["ci_high_pct"]
+            assert 0.0 <= entry["share_faster"] <= 1.0
+            assert 0.0 <= entry["cache_hit_rate"] <= 1.0
+        # The synthetic server's counters say 900 of 1200 query tokens hit.
+        assert summary["regimes"][regime]["cache_hit_rate_metrics"] == 0.75
+
+
+def test_report_is_deterministic_for_a_seed(make_run: Callable[..., Path]) -> None:
+    run = make_run(blocks=4, serving=False)
+    first = write_report(run, seed=5).summary.read_text()
+    assert write_report(run, seed=5).summary.read_text() == first
+
+
+def test_cli_report_prints_paths_and_fails_cleanly(make_run: Callable[..., Path],
+                                                   tmp_path: Path, bench_cli: Any) -> None:
+    run = make_run(blocks=3, serving=False)
+    result = bench_cli("report", str(run))
+    assert result.returncode == 0, result.stderr
+    assert str(run / "report.md") in result.stdout
+    missing = tmp_path / "no-such-run"
+    result = bench_cli("report", str(missing))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"error: {missing}: no such run folder; pass a folder under results/ that holds "
+        "arms.jsonl"]

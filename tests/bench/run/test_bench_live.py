@@ -1,0 +1,80 @@
+"""`make bench` end to end against the real vLLM CPU server: three-arm blocks, records, summary.
+
+The external compressor endpoint is the session server's `compressor` name here, to spare a
+third cold start: on cpu-tiny no reasoning block exceeds 12 words, so no compressor request is
+made at all (the ledger shows identity-short), and `make bench` itself starts the embedded
+Gemma server for the external arm."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from common.paths import repo_root
+from serve.launcher import Server
+
+pytestmark = pytest.mark.integration
+ROOT = repo_root()
+
+
+def run_bench(server: Server, tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "bench.cli", "run", "--profile", "cpu-tiny",
+         "--base-url", server.api_url, "--external-url", server.api_url, "--step-limit", "4",
+         *args], cwd=ROOT, capture_output=True, text=True, timeout=900, check=False,
+        env={**os.environ, "COMPBENCH_RESULTS": str(tmp)})
+
+
+def lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_dedicated_block_completes_with_three_arms(cpu_server: Server, tmp_path: Path) -> None:
+    done = run_bench(cpu_server, tmp_path, "--regime", "dedicated", "--blocks", "1",
+                     "--run-id", "ded")
+    assert done.returncode == 0, done.stdout + done.stderr
+    run = tmp_path / "ded"
+    arms = lines(run / "arms.jsonl")
+    assert sorted(a["arm"] for a in arms) == ["clean", "external", "self"]
+    assert all(a["status"] == "complete" and a["protocol_ok"] for a in arms), arms
+    assert all(a["postfork_s"] > 0 and a["history_tokens"] for a in arms)
+    requests = lines(run / "requests.jsonl")
+    assert {r["source"] for r in requests} == {"clean", "external", "self"}
+    assert all(r["first_token_s"] >= r["sent_s"] for r in requests if r["status"] == "ok")
+    block = lines(run / "blocks.jsonl")[0]
+    assert sorted(block["order"]) == ["clean", "external", "self"]
+    manifest = json.loads((run / "manifest.json").read_text())
+    for key in ("config", "server", "packages", "hardware", "git", "histories", "seeds"):
+        assert manifest[key], key
+    assert manifest["structured_text"] is True
+    summary = json.loads((run / "summary.json").read_text())
+    dedicated = summary["regimes"]["dedicated"]["arms"]
+    assert dedicated["self"]["blocks_complete"] == 1
+    assert 0 <= dedicated["clean"]["cache_hit_rate"] <= 1
+    ledger = lines(run / "ledger.jsonl") if (run / "ledger.jsonl").exists() else []
+    assert all(e["outcome"] in {"identity-short", "rewritten", "reverted-not-shorter"}
+               for e in ledger)
+    assert (run / "report.md").is_file() and (run / "report.html").is_file()
+
+
+def test_overloaded_block_queues_requests(cpu_server: Server, tmp_path: Path) -> None:
+    done = run_bench(cpu_server, tmp_path, "--regime", "overloaded", "--blocks", "1",
+                     "--run-id", "ovl")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "[bench] run ovl: overloaded, 8 background users" in done.stderr
+    run = tmp_path / "ovl"
+    arms = lines(run / "arms.jsonl")
+    assert len(arms) == 3 and all(a["status"] == "complete" for a in arms), arms
+    background = [r for r in lines(run / "requests.jsonl") if r["source"] == "background"]
+    assert any(r["status"] == "ok" and r["block"] == 1 for r in background)
+    assert all(r["intended_send_s"] is not None for r in background)
+    waiting = [m.get("num_requests_waiting") or 0 for m in lines(run / "metrics.jsonl")]
+    assert max(waiting) > 0  # the overload is real: requests queued on the server
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["regimes"]["overloaded"]["max_requests_waiting"] > 0

@@ -1,0 +1,63 @@
+"""Fault injection (the one place a fake server is right): the server dies mid-block."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from common.net import free_port
+from common.paths import repo_root
+from loadgen.fakeprocess import FakeConfig, FakeProcess
+
+
+def bench(tmp: Path, url: str, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "bench.cli", "run", "--profile", "cpu-tiny", "--base-url", url,
+         "--arms", "clean", "--step-limit", "4", *args],
+        cwd=repo_root(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, env={**os.environ, "COMPBENCH_RESULTS": str(tmp)})
+
+
+def test_killed_server_keeps_records_and_resume_continues(tmp_path: Path) -> None:
+    port = free_port()
+    # slow tokens: each model request takes ~2 s, so the arm is mid-flight when the server dies
+    config = FakeConfig(port=port, ttft_ms=200, itl_ms=30, tokens=60)
+    fake = FakeProcess(config).start()
+    run = bench(tmp_path, fake.api_url, "--regime", "dedicated", "--blocks", "2",
+                "--run-id", "killed")
+    requests_file = tmp_path / "killed" / "requests.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # wait until one request has finished, then kill
+        if requests_file.exists() and any(
+                json.loads(line).get("status") == "ok"
+                for line in requests_file.read_text().splitlines() if line.endswith("}")):
+            break
+        time.sleep(0.2)
+    time.sleep(0.5)
+    fake.stop()  # the server goes away in the middle of block 1
+    out, _ = run.communicate(timeout=300)
+    assert run.returncode == 1, out
+    assert "stopped answering during block 1" in out and "RESUME=killed" in out
+    run_dir = tmp_path / "killed"
+    arms = [json.loads(line) for line in (run_dir / "arms.jsonl").read_text().splitlines()]
+    assert len(arms) == 1 and arms[0]["status"] == "failed"
+    assert arms[0]["error"].startswith("TransportError") and arms[0]["postfork_s"] > 1
+    requests = (run_dir / "requests.jsonl").read_text().splitlines()
+    assert any(json.loads(r)["status"] == "ok" for r in requests)  # finished ones kept
+    assert (run_dir / "report.md").is_file()  # the report says what could not be used
+
+    fake = FakeProcess(FakeConfig(port=port, ttft_ms=20, itl_ms=2, tokens=60)).start()
+    try:
+        resumed = bench(tmp_path, fake.api_url, "--regime", "dedicated", "--resume", "killed")
+        out, _ = resumed.communicate(timeout=300)
+    finally:
+        fake.stop()
+    assert resumed.returncode == 0, out
+    arms = [json.loads(line) for line in (run_dir / "arms.jsonl").read_text().splitlines()]
+    assert [(a["block"], a["attempt"]) for a in arms] == [(1, "original"), (2, "original")]
+    assert arms[1]["status"] == "complete"  # the fake's text is no action: RepeatedFormatError
+    assert arms[1]["terminal_status"] == "RepeatedFormatError"

@@ -1,0 +1,60 @@
+"""Recorded histories become background turn plans."""
+
+from __future__ import annotations
+
+from common.paths import histories_root
+from histories.format.history import load_history
+from loadgen.background import ReplayOptions
+from loadgen.schedule import default_history_paths, load_schedules, schedule_history
+
+ROOT = histories_root()
+VACCINE = next(p for p in default_history_paths(ROOT) if "vaccine" in str(p))
+
+
+def test_plans_follow_the_recorded_turns() -> None:
+    history = load_history(VACCINE)
+    plan = schedule_history(history, "vaccine", ReplayOptions(), model="target",
+                        max_model_len=8192)
+    full = history.messages + history.continuation
+    assistants = [m for m in full if m["role"] == "assistant"]
+    assert len(plan) == len(assistants)
+    for turn, message in zip(plan, assistants, strict=True):
+        usage = (message.get("extra") or {}).get("usage")
+        if usage:
+            assert turn.max_tokens == usage["completion_tokens"]
+            assert turn.max_tokens_source == "recorded"
+            assert turn.planned_s == message["extra"]["wall_seconds"]
+        else:
+            assert turn.max_tokens_source == "estimated" and turn.max_tokens > 0
+        assert turn.payload["ignore_eos"] is True and turn.payload["model"] == "target"
+        for wire in turn.payload["messages"]:
+            assert "extra" not in wire and "reasoning" not in wire
+    # request k holds every message before the k-th assistant turn
+    assert [len(t.payload["messages"]) for t in plan] == [
+        i for i, m in enumerate(full) if m["role"] == "assistant"]
+
+
+def test_inline_mode_puts_reasoning_and_tools_in_text() -> None:
+    options = ReplayOptions(reasoning="inline", tool_calls="inline")
+    plan = schedule_history(load_history(VACCINE), "v", options, model="target", max_model_len=8192)
+    last = plan[-1].payload["messages"]
+    assert all(m["role"] in ("system", "user", "assistant") for m in last)
+    assistant = next(m for m in last if m["role"] == "assistant")
+    assert assistant["content"].startswith("<think>") and "<tool_call>" in assistant["content"]
+    assert "tool_calls" not in assistant
+
+
+def test_truncation_keeps_head_and_tool_pairing() -> None:
+    plans = load_schedules(default_history_paths(ROOT), ReplayOptions(), model="target",
+                       max_model_len=1800)
+    truncated = [t for plan in plans for t in plan if t.dropped_messages]
+    assert truncated, "a 1800-token window must truncate some study turn"
+    for turn in truncated:
+        messages = turn.payload["messages"]
+        assert messages[0]["role"] == "system" and messages[1]["role"] == "user"
+        call_ids: set[str] = set()
+        for m in messages:
+            call_ids.update(c["id"] for c in m.get("tool_calls") or ())
+            if m["role"] == "tool":
+                assert m["tool_call_id"] in call_ids
+        assert turn.prompt_tokens_estimate + turn.max_tokens <= 1800

@@ -208,39 +208,65 @@ def _q(values: list[float], p: float) -> float:
     return float(np.quantile(values, p)) if values else float("nan")
 
 
+def _summarize(client: str, streams: int, r: dict[str, Any], ttft_ms: float, itl_ms: float,
+               late_s: float) -> dict[str, Any]:
+    n = len(r["ttft"])
+    ttft = [(t * 1000 - ttft_ms) for t in r["ttft"]]
+    itl = [(t * 1000 - itl_ms) for t in r["itl"]]
+    return {"streams": streams, "client": client, "n": n,
+            "ttft_p50": _q(ttft, .5), "ttft_p99": _q(ttft, .99),
+            "itl_p50": _q(itl, .5), "itl_p99": _q(itl, .99),
+            "cpu_ms_per_stream": r["cpu_s"] * 1000 / max(1, n),
+            "fake_late_p99": late_s * 1000, "errors": len(r["errors"])}
+
+
+STATS = ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "cpu_ms_per_stream", "fake_late_p99")
+
+
 def accuracy(ttft_ms: float, itl_ms: float, tokens: int, levels: list[int],
-             clients: tuple[str, ...]) -> list[dict[str, Any]]:
-    """Measure every client at every level; print the table; return its rows."""
+             clients: tuple[str, ...], repetitions: int) -> list[dict[str, Any]]:
+    """Measure every client at every level `repetitions` times, the clients' order rotating
+    between repetitions (this machine is noisy: a burst of interference lands on one client's
+    turn, not on all of one client's turns); print the median of each figure over the
+    repetitions and the range of the TTFT p50; return the rows."""
     aiperf = aiperf_python() if "aiperf" in clients else None
     print(f"Client accuracy against the fake server ({ttft_ms:.0f} ms TTFT, {itl_ms:.0f} ms "
-          f"inter-token, {tokens} tokens per stream); errors = measured - configured, ms\n")
-    head = (f"{'streams':>7} {'client':<11} {'n':>5} {'TTFT err p50':>12} {'p99':>7} "
-            f"{'ITL err p50':>11} {'p99':>7} {'CPU ms/stream':>13} {'fake late p99':>13}"
-            f" {'errors':>6}")
+          f"inter-token, {tokens} tokens per stream); errors = measured - configured, ms; each "
+          f"figure the median of {repetitions} repetitions in rotating client order\n")
+    head = (f"{'streams':>7} {'client':<11} {'n':>5} {'TTFT err p50':>12} {'(range)':>13} "
+            f"{'p99':>7} {'ITL err p50':>11} {'p99':>7} {'CPU ms/stream':>13} "
+            f"{'fake late p99':>13} {'errors':>6}")
     print(head)
     print("-" * len(head))
     rows: list[dict[str, Any]] = []
     with FakeProcess(FakeConfig(ttft_ms=ttft_ms, itl_ms=itl_ms, tokens=tokens)) as fake:
         for streams in levels:
             rounds = 20 if streams == 1 else 2 if streams <= 64 else 1
+            runs: dict[str, list[dict[str, Any]]] = {c: [] for c in clients}
+            for rep in range(repetitions):
+                order = clients[rep % len(clients):] + clients[:rep % len(clients)]
+                for client in order:
+                    fake.stats(reset=True)
+                    r = _measure(client, fake.api_url, streams, rounds, tokens, aiperf)
+                    if r is not None:
+                        late = fake.stats()["lateness_p99_s"] or 0.0
+                        runs[client].append(_summarize(client, streams, r, ttft_ms, itl_ms,
+                                                       late))
             for client in clients:
-                fake.stats(reset=True)
-                r = _measure(client, fake.api_url, streams, rounds, tokens, aiperf)
-                if r is None:
+                reps = runs[client]
+                if not reps:
                     print(f"{streams:>7} {client:<11} not measured (see above)", flush=True)
                     continue
-                late = fake.stats()["lateness_p99_s"] or 0.0
-                n = len(r["ttft"])
-                ttft = [(t * 1000 - ttft_ms) for t in r["ttft"]]
-                itl = [(t * 1000 - itl_ms) for t in r["itl"]]
-                row = {"streams": streams, "client": client, "n": n,
-                       "ttft_p50": _q(ttft, .5), "ttft_p99": _q(ttft, .99),
-                       "itl_p50": _q(itl, .5), "itl_p99": _q(itl, .99),
-                       "cpu_ms_per_stream": r["cpu_s"] * 1000 / max(1, n),
-                       "fake_late_p99": late * 1000, "errors": len(r["errors"])}
+                row = {"streams": streams, "client": client, "repetitions": len(reps),
+                       "n": sum(x["n"] for x in reps), "errors": sum(x["errors"] for x in reps),
+                       **{k: float(np.median([x[k] for x in reps])) for k in STATS},
+                       "ttft_p50_range": [min(x["ttft_p50"] for x in reps),
+                                          max(x["ttft_p50"] for x in reps)]}
                 rows.append(row)
-                print(f"{streams:>7} {client:<11} {n:>5} {row['ttft_p50']:>12.2f} "
-                      f"{row['ttft_p99']:>7.2f} {row['itl_p50']:>11.2f} {row['itl_p99']:>7.2f} "
+                low, high = row["ttft_p50_range"]
+                print(f"{streams:>7} {client:<11} {row['n']:>5} {row['ttft_p50']:>12.2f} "
+                      f"{f'{low:.1f}-{high:.1f}':>13} {row['ttft_p99']:>7.2f} "
+                      f"{row['itl_p50']:>11.2f} {row['itl_p99']:>7.2f} "
                       f"{row['cpu_ms_per_stream']:>13.2f} {row['fake_late_p99']:>13.2f} "
                       f"{row['errors']:>6}", flush=True)
     return rows
@@ -337,6 +363,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--levels", default="1,64,256", help="concurrent streams to measure")
     parser.add_argument("--clients", default=",".join(CLIENTS),
                         help=f"comma-separated subset of {', '.join(CLIENTS)}")
+    parser.add_argument("--repetitions", type=int, default=3,
+                        help="measurements per client and level (medians are printed)")
     parser.add_argument("--window-s", type=float, default=20.0, help="CPU measuring window")
     parser.add_argument("--vllm-url", default="http://127.0.0.1:8000",
                         help="a running vLLM server for the cpu-tiny overloaded figure")
@@ -350,7 +378,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"host: {os.cpu_count()} CPUs, python {sys.version.split()[0]}\n")
     if not args.skip_accuracy:
         rows = accuracy(args.ttft_ms, args.itl_ms, args.tokens,
-                        [int(v) for v in args.levels.split(",")], clients)
+                        [int(v) for v in args.levels.split(",")], clients, args.repetitions)
         print("\nAgainst the targets (absolute errors, ms):")
         for line in verdict(rows):
             print("  " + line)

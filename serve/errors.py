@@ -33,3 +33,9 @@ class ServerStartError(ServeError):
     """The server process died or did not become healthy while starting."""
 
     exit_code = ExitCode.UNAVAILABLE
+
+
+class ServerUnreachableError(ServeError):
+    """A server the command was pointed at does not answer."""
+
+    exit_code = ExitCode.UNAVAILABLE

@@ -29,7 +29,12 @@ import psutil
 
 from common.net import api_url, server_url
 from common.paths import run_state_dir
-from serve.errors import EngineUnavailableError, PortInUseError, ServerStartError
+from serve.errors import (
+    EngineUnavailableError,
+    PortInUseError,
+    ServerStartError,
+    ServerUnreachableError,
+)
 from serve.hardware import detect_gpus
 from serve.model import resolve_model
 from serve.process import (
@@ -371,11 +376,28 @@ def is_healthy(url: str) -> bool:
         return False
 
 
+def require_server(url: str) -> None:
+    """Raise `ServerUnreachableError` unless the server at `url` answers `/health` or
+    `/v1/models` (servers other than vLLM may lack /health)."""
+    if is_healthy(url):
+        return
+    try:
+        if httpx.get(f"{api_url(url)}/models", timeout=5).status_code == 200:
+            return
+    except httpx.HTTPError:
+        pass
+    raise ServerUnreachableError(
+        f"no server answers at {server_url(url)} (/health and /v1/models); start one with "
+        "`make serve`, or check BASE_URL")
+
+
 @contextlib.contextmanager
 def server_for(config: ServerConfig, url: str | None = None) -> Iterator[str]:
-    """Yield the api_url (`/v1`) of a server to use: `url` when given (either form), the server
-    already healthy on the configured port, or a new one for the profile, stopped on exit."""
+    """Yield the api_url (`/v1`) of a server to use: `url` when given (either form; it must
+    answer), the server already healthy on the configured port, or a new one for the profile,
+    stopped on exit."""
     if url:
+        require_server(url)
         yield api_url(url)
         return
     if is_healthy(config.server_url):

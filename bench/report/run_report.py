@@ -292,7 +292,32 @@ def _serving_sections(analysis: RunAnalysis, images: Mapping[str, bytes | None])
             server.add(Image("server_timeseries.png", images["server_timeseries"] or b"",
                              "Waiting/running requests and KV-cache usage; shaded spans are "
                              "blocks, coloured by regime."))
-    return [latency, cache, server]
+    return [latency, _serving_section(analysis), cache, server]
+
+
+def _ms(value: object) -> str:
+    return "n/a" if not isinstance(value, int | float) else f"{value:.1f}"
+
+
+def _serving_section(analysis: RunAnalysis) -> Section:
+    """The per-request figures under `vllm bench serve`'s names (summary.json `serving`)."""
+    section = Section("Serving figures (vLLM benchmark names)")
+    rows = [(regime, source, f"{f['completed']} ({f['failed']})", _ms(f["duration"]),
+             _ms(f["request_throughput"] and f["request_throughput"] * 60),
+             _ms(f["output_throughput"]), f"{_ms(f['median_ttft_ms'])} / {_ms(f['p99_ttft_ms'])}",
+             f"{_ms(f['median_tpot_ms'])} / {_ms(f['p99_tpot_ms'])}",
+             f"{_ms(f['median_itl_ms'])} / {_ms(f['p99_itl_ms'])}",
+             f"{_ms(f['median_e2el_ms'])} / {_ms(f['p99_e2el_ms'])}")
+            for regime, sources in analysis.serving.items() for source, f in sources.items()]
+    if not rows:
+        return section.add(Paragraph("No requests inside block spans: no serving figures."))
+    return section.add(Table(
+        ("Regime", "Source", "completed (failed)", "duration s", "requests/min",
+         "output tok/s", "TTFT ms median / p99", "TPOT ms median / p99",
+         "ITL ms median / p99", "E2EL ms median / p99"), tuple(rows),
+        "Requests inside the regime's blocks; throughput per the blocks' total span. The same "
+        "figures, with mean, std and p90 too, are in summary.json under `serving`, named as "
+        "`vllm bench serve --save-result` names them (median_ttft_ms, p99_itl_ms, ...)."))
 
 
 def render(analysis: RunAnalysis) -> Document:

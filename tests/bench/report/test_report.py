@@ -66,3 +66,27 @@ def test_cli_report_prints_paths_and_fails_cleanly(make_run: Callable[..., Path]
     assert result.stderr.strip().splitlines() == [
         f"error: {missing}: no such run folder; pass a folder under results/ that holds "
         "arms.jsonl"]
+
+
+def test_summary_has_vllm_named_serving_figures_and_a_parquet_table(reported_run: Path) -> None:
+    import pandas as pd
+
+    summary = json.loads((reported_run / "summary.json").read_text())
+    figures = summary["serving"]["overloaded"]["clean"]
+    for key in ("completed", "failed", "duration", "request_throughput", "output_throughput",
+                "total_token_throughput", "mean_ttft_ms", "median_ttft_ms", "std_ttft_ms",
+                "p90_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms",
+                "mean_itl_ms", "median_itl_ms", "p99_itl_ms", "mean_e2el_ms", "median_e2el_ms",
+                "p99_e2el_ms", "median_e2el_intended_ms"):
+        assert key in figures, key
+    assert figures["completed"] > 0 and figures["median_ttft_ms"] > 0
+    assert figures["mean_ttft_ms"] <= figures["p99_ttft_ms"]
+    assert "background" in summary["serving"]["shared"]
+    table = pd.read_parquet(reported_run / "requests.parquet")
+    requests = [line for line in (reported_run / "requests.jsonl").read_text().splitlines()
+                if line.strip()]
+    assert len(table) == len(requests)
+    assert {"request_id", "source", "ttft_s", "tpot_s", "e2el_s", "send_lag_s"} <= set(table)
+    ok = table[table["status"] == "ok"]
+    assert ok["ttft_s"].notna().all() and (ok["e2el_s"] >= ok["ttft_s"]).all()
+    assert "## Serving figures (vLLM benchmark names)" in (reported_run / "report.md").read_text()

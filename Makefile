@@ -75,11 +75,13 @@ histories: install
 	$(PY) -m histories.cli arms --profile $(PROFILE) --port $(PORT) $(if $(TASK),--task $(TASK)) $(if $(BASE_URL),--base-url $(BASE_URL)) $(if $(EXTERNAL_URL),--external-url $(EXTERNAL_URL))
 
 bench: install
-	$(PY) -m bench.cli run --regime $(or $(REGIME),dedicated) --profile $(PROFILE) --port $(PORT) \
+	$(PY) -m bench.cli run $(if $(REGIME),--regime $(REGIME)) --profile $(PROFILE) --port $(PORT) \
 	  $(if $(BLOCKS),--blocks $(BLOCKS)) $(if $(TASK),--task $(TASK)) $(if $(ARMS),--arms $(ARMS)) \
 	  $(if $(BASE_URL),--base-url $(BASE_URL)) $(if $(RESUME),--resume $(RESUME)) \
 	  $(if $(RECOVER),--recover) $(if $(LOCUST_WORKERS),--locust-workers $(LOCUST_WORKERS)) \
-	  $(if $(EXTERNAL_URL),--external-url $(EXTERNAL_URL))
+	  $(if $(EXTERNAL_URL),--external-url $(EXTERNAL_URL)) $(if $(SEEDS),--seeds $(SEEDS)) \
+	  $(if $(CACHE),--cache $(CACHE)) $(if $(PROTOCOL),--protocol $(PROTOCOL)) \
+	  $(if $(REWRITE_CACHE),--rewrite-cache $(REWRITE_CACHE)) $(if $(SEED),--seed $(SEED))
 
 bench-client: install
 	$(PY) -m loadgen.client_bench

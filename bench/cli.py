@@ -39,38 +39,55 @@ def _print_files(files: object) -> None:
 
 @app.command()
 def run(
-    regime: Annotated[str, typer.Option(help=f"one of {', '.join(REGIMES)}")] = "dedicated",
+    regime: Annotated[str | None, typer.Option(
+        help=f"one of {', '.join(REGIMES)} (default dedicated)")] = None,
     blocks: Annotated[int | None, typer.Option(
         help="default 5/5/25 on GPU, 2/2/1 on CPU", min=1)] = None,
     profile: Annotated[str, typer.Option(help="server profile; 'auto': for this machine")] = "auto",
     port: Annotated[int, typer.Option(min=1, max=65535)] = 8000,
     base_url: Annotated[str | None, typer.Option(
         help="measure this server instead (with or without /v1)")] = None,
-    task: str = "fix-median",
-    arms: Annotated[str, typer.Option(help="comma-separated arms")] = "clean,external,self",
-    seed: int = 0,
+    task: Annotated[str | None, typer.Option(help="task id (default fix-median)")] = None,
+    arms: Annotated[str | None, typer.Option(
+        help="comma-separated arms (default clean,external,self)")] = None,
+    seed: Annotated[int | None, typer.Option(help="the run seed (default 0)", min=0)] = None,
     run_id: Annotated[str | None, typer.Option(help="name the run folder")] = None,
-    resume: Annotated[str | None, typer.Option(help="continue this run id")] = None,
+    resume: Annotated[str | None, typer.Option(
+        help="continue this run id (its own settings, unless given again)")] = None,
     recover: Annotated[bool, typer.Option(help="re-run failed arms as recovery runs")] = False,
     locust_workers: Annotated[int, typer.Option(help="locust worker processes", min=0)] = 0,
     step_limit: Annotated[int | None, typer.Option(
         help="postfork model calls per arm", min=1)] = None,
-    cache_salt: Annotated[bool, typer.Option(help="isolate each arm's prefix cache")] = False,
+    seeds: Annotated[str | None, typer.Option(
+        help="common (default): the arms of a block share a sampling seed; independent")
+    ] = None,
+    cache: Annotated[str | None, typer.Option(
+        help="shared (default): arms share the prefix cache; isolated: a cache_salt per arm "
+        "and attempt")] = None,
+    protocol: Annotated[str | None, typer.Option(
+        help="strict: the first protocol error fails an arm; lenient (default on CPU)")] = None,
+    rewrite_cache: Annotated[str | None, typer.Option(
+        help="fresh (default): every continuation pays its rewriting; reuse: the task's cache")
+    ] = None,
     external_url: Annotated[str | None, typer.Option(
         help="external compressor URL (default on CPU: embedded Gemma on port+1)")] = None,
-    prompt: Annotated[str, typer.Option(help="frozen rewrite prompt name")] = "telegraphic",
+    prompt: Annotated[str | None, typer.Option(
+        help="frozen rewrite prompt name (default telegraphic)")] = None,
 ) -> None:
     """Run blocks of arms under a regime; write results/<run-id>/ and its report."""
     from bench.run.runner import run_bench  # heavy imports only for this command
 
-    if regime not in REGIMES:
+    if regime is not None and regime not in REGIMES:
         raise SuiteError(f"unknown regime '{regime}'; use one of {', '.join(REGIMES)}")
-    config = BenchConfig(
-        regime=regime, blocks=blocks, profile=profile, port=port, server_url=base_url,
-        task=task, arms=tuple(a.strip() for a in arms.split(",") if a.strip()), seed=seed,
-        run_id=run_id, resume=resume, recover=recover, locust_workers=locust_workers,
-        step_limit=step_limit, cache_salt_per_arm=cache_salt, external_url=external_url,
-        prompt=prompt)
+    given = {"regime": regime, "blocks": blocks, "server_url": base_url, "task": task,
+             "arms": None if arms is None else tuple(a.strip() for a in arms.split(",")
+                                                     if a.strip()),
+             "seed": seed, "run_id": run_id, "resume": resume, "step_limit": step_limit,
+             "external_url": external_url, "prompt": prompt, "seeds": seeds, "cache": cache,
+             "protocol": protocol, "rewrite_cache": rewrite_cache}
+    config = BenchConfig.model_validate({
+        "profile": profile, "port": port, "recover": recover, "locust_workers": locust_workers,
+        **{k: v for k, v in given.items() if v is not None}})
     outcome = run_bench(config)
     if outcome.report is not None:
         _print_files(outcome.report)

@@ -69,25 +69,29 @@ def run_cli(app: typer.Typer, argv: list[str] | None = None) -> NoReturn:
     """Run a Typer app; known failures become one line and an `ExitCode` (see module doc).
 
     A `SuiteError` whose message spans lines (a server log tail) ends with its first line.
+    Typer vendors its own copy of click, so its exceptions are matched through typer's own
+    classes and click's alike.
     """
     import click
     import pydantic
+    import typer
 
+    usage_errors: tuple[type[BaseException], ...] = (click.ClickException, typer.TyperException)
     try:
         result = app(args=argv, standalone_mode=False)
     except SuiteError as exc:
         fail(str(exc), exc.exit_code)
-    except click.exceptions.Exit as exc:
-        raise SystemExit(exc.exit_code) from None
-    except click.exceptions.Abort:
+    except (click.exceptions.Exit, typer.Exit) as exc:
+        raise SystemExit(getattr(exc, "exit_code", 0)) from None
+    except (click.exceptions.Abort, typer.Abort):
         fail("interrupted", ExitCode.INTERRUPTED)
     except KeyboardInterrupt:
         fail("interrupted; records written so far are kept", ExitCode.INTERRUPTED)
-    except click.UsageError as exc:
-        hint = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx is not None else ""
-        fail(f"{exc.format_message()}{hint}", ExitCode.USAGE)
-    except click.ClickException as exc:
-        fail(exc.format_message(), ExitCode.USAGE)
     except pydantic.ValidationError as exc:
         fail(describe_validation(exc), ExitCode.USAGE)
+    except usage_errors as exc:
+        message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+        ctx = getattr(exc, "ctx", None)
+        hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+        fail(f"{message}{hint}", ExitCode.USAGE)
     raise SystemExit(int(result) if isinstance(result, int) else 0)

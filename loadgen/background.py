@@ -37,6 +37,7 @@ from common.errors import UnavailableError
 from common.files import write_text_atomic
 from common.net import api_url
 from common.paths import histories_root
+from loadgen.client import send_once
 
 
 class ReplayOptions(BaseModel):
@@ -57,9 +58,13 @@ class ReplayOptions(BaseModel):
     default_max_tokens: int = Field(default=256, gt=0)
     default_tool_gap_s: float = Field(default=2.0, ge=0)
     default_request_s: float = Field(default=10.0, ge=0)
-    # Planned request duration: None = the recorded wall time of the turn (fallback
-    # default_request_s); a number = completion tokens / this rate (a server-speed guess).
+    # Planned request duration, in this order: a fixed pace (completion tokens / this rate, for
+    # tests and the client benchmark); the turn's recorded wall time; the server's measured
+    # service time (measured_ttft_s + tokens / measured_tokens_per_s, from `measure_service`);
+    # else default_request_s.
     pace_tokens_per_s: float | None = Field(default=None, gt=0)
+    measured_ttft_s: float | None = Field(default=None, ge=0)
+    measured_tokens_per_s: float | None = Field(default=None, gt=0)
     extra_body: dict[str, object] = Field(default_factory=dict)  # e.g. {"cache_salt": "bg"}
 
 
@@ -86,7 +91,9 @@ class BackgroundConfig(BaseModel):
     out: Path  # requests.jsonl to append to
     origin: float = 0.0  # time.monotonic() value the records count from (the run's start)
     spawn_rate: float = Field(default=1.0, gt=0)  # planned starts per second: user i at i/rate
-    duration_s: float = Field(default=7200.0, gt=0)  # hard bound: the load stops itself then
+    # None: the load lives until `stop()` (or until the process that started it dies), exactly
+    # as long as the run; a number: it also stops itself after that many seconds.
+    duration_s: float | None = Field(default=None, gt=0)
     workers: int = Field(default=0, ge=0)  # 0: one local locust process; N: master+N workers
     max_model_len: int = Field(default=8192, gt=0)  # prompts are capped to fit (replay.py)
     histories: list[Path] = Field(default_factory=_default_histories)
@@ -123,6 +130,39 @@ __all__ = ["BackgroundConfig", "BackgroundLoad", "BackgroundLoadError", "LoadSta
            "ReplayOptions"]
 
 
+@dataclass(frozen=True)
+class ServiceProbe:
+    """One unloaded request's time to first token and decode rate: the service time that paces
+    background turns whose histories recorded none."""
+
+    ttft_s: float
+    tokens_per_s: float
+    tokens: int
+
+
+def measure_service(url: str, model: str, *, tokens: int = 32, api_key: str | None = None,
+                    repeats: int = 2) -> ServiceProbe:
+    """Measure the server's unloaded service time (the better of `repeats` requests of
+    `tokens` tokens each, `ignore_eos`): raises `BackgroundLoadError` if the server fails."""
+    best: ServiceProbe | None = None
+    for number in range(repeats):
+        got = send_once(api_url(url), {
+            "model": model, "max_tokens": tokens, "ignore_eos": True, "temperature": 0.0,
+            "messages": [{"role": "user", "content": "Describe the weather in one paragraph."}]},
+            request_id=f"service-probe-{number}", read_timeout_s=600, api_key=api_key).record
+        if not got.ok or got.first_token_s is None or got.end_s is None:
+            raise BackgroundLoadError(f"the service-time probe failed on {url}: {got.error}")
+        decode = max(got.end_s - got.first_token_s, 1e-6)
+        made = max(1, (got.completion_tokens or tokens) - 1)
+        probe = ServiceProbe(ttft_s=got.first_token_s - got.sent_s,
+                             tokens_per_s=made / decode, tokens=got.completion_tokens or tokens)
+        if best is None or probe.ttft_s + tokens / probe.tokens_per_s < (
+                best.ttft_s + tokens / best.tokens_per_s):
+            best = probe
+    assert best is not None
+    return best
+
+
 class BackgroundLoadError(UnavailableError):
     """The background load did not start or reach steady state; the text says why."""
 
@@ -134,6 +174,7 @@ class LoadStatus:
     processes: int  # status files seen (1 local, or 1 master + N workers)
     users: int
     started: int
+    failed_first: int  # users whose first request failed
     answered: int
     in_flight: int
     sent: int
@@ -191,32 +232,54 @@ class BackgroundLoad:
         running = self.process is not None and self.process.poll() is None
         return LoadStatus(
             processes=len(rows), users=total("users"), started=total("started"),
-            answered=total("answered"), in_flight=total("in_flight"), sent=total("sent"),
+            failed_first=total("failed_first"), answered=total("answered"),
+            in_flight=total("in_flight"), sent=total("sent"),
             done=total("done"), ok=total("ok"), errors=total("errors"),
             unauthorized=total("unauthorized"),
             last_ok_t=max((float(r.get("last_ok_t", 0.0)) for r in rows), default=0.0),
             running=running)
 
     def wait_steady(self, timeout_s: float = 120.0, *, poll_s: float = 0.2) -> LoadStatus:
-        """Block until every user is spawned and has sent its first request.
-
-        Raises `BackgroundLoadError` (with the log's tail) when the load dies or times out.
-        """
+        """Block until every user is spawned and has sent its first request, none of which
+        failed; raises `BackgroundLoadError` (with the log's tail) when the load dies, is refused
+        as unauthorized, its first requests fail, or the timeout passes."""
         deadline = time.monotonic() + timeout_s
         users = self.config.users
         while True:
-            status = self.status()
+            status = self.check()
+            if status.failed_first:
+                raise BackgroundLoadError(
+                    f"{status.failed_first} of {users} background users' first requests failed "
+                    f"(first error in {self.config.out}); log {self.log_path}")
             if status.users >= users and status.started >= users:
                 return status
-            if not status.running:
-                raise BackgroundLoadError(f"the background load exited before steady state "
-                                          f"({status}); log {self.log_path}:\n{self._tail()}")
             if time.monotonic() > deadline:
                 raise BackgroundLoadError(
                     f"no steady state within {timeout_s:.0f}s: {status.users}/{users} users "
                     f"spawned, {status.started} sent their first request (raise spawn_rate or "
                     f"the timeout; log {self.log_path})")
             time.sleep(poll_s)
+
+    def check(self) -> LoadStatus:
+        """The load's status, raising `BackgroundLoadError` unless it is alive (its processes
+        run), authorised (no HTTP 401/403) and answering (once requests have ended, some ended
+        well). The bench calls it at every block boundary."""
+        status = self.status()
+        if not status.running:
+            code = self.process.poll() if self.process is not None else None
+            raise BackgroundLoadError(
+                f"the background load stopped (exit code {code}); log {self.log_path}:\n"
+                f"{self._tail()}")
+        if status.unauthorized:
+            raise BackgroundLoadError(
+                f"{status.unauthorized} background requests were refused as unauthorized (HTTP "
+                "401/403): the server wants a key; set API_KEY for the run (the load reads it "
+                "from the environment)")
+        if status.done >= max(3, self.config.users) and status.ok == 0:
+            raise BackgroundLoadError(
+                f"none of the {status.done} background requests that ended succeeded (see "
+                f"{self.config.out}); log {self.log_path}")
+        return status
 
     def stop(self) -> int | None:
         """Stop every locust process (idempotent); returns the main process's exit code."""

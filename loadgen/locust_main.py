@@ -7,7 +7,8 @@ it).
 locust is imported first, so gevent's monkey-patching happens before ssl or anything else is
 loaded. The process drives locust as a library (`Environment`, local / master / worker runner):
 with `locust_workers = N` it is the master and starts N worker processes itself (same process
-group). It stops by itself after `duration_s`, on SIGTERM/SIGINT, or when its parent dies, and
+group). It stops on SIGTERM/SIGINT, when its parent dies, or after `duration_s` where one is set,
+and
 writes `status-<pid>.json` (counters) to the state folder twice a second.
 """
 
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     assert config.state_dir is not None, "the runner passes a resolved config"
     status_path = config.state_dir / f"status-{os.getpid()}.json"
     gevent.spawn(_watch, runner, status_path, role, os.getppid())
-    if not args.worker:
+    if not args.worker and config.duration_s is not None:
         gevent.spawn_later(config.duration_s, runner.quit)
     for sig in (signal.SIGTERM, signal.SIGINT):
         gevent.signal_handler(sig, runner.quit)

@@ -40,6 +40,7 @@ class Counters:
     def __init__(self) -> None:
         self.users = 0  # users spawned here
         self.started = 0  # users whose first request was sent
+        self.failed_first = 0  # users whose first request failed
         self.answered = 0  # users that got at least one successful reply
         self.in_flight = 0
         self.sent = 0
@@ -143,6 +144,7 @@ class BackgroundAgent(User):
         else:
             counters.errors += 1
             counters.unauthorized += record.http_status in (401, 403)
+            counters.failed_first += number == 0
         self.writer.write(record.labelled(**identity).shifted(config.origin).to_json())
         end = record.end_s if record.end_s is not None else time.monotonic()
         exception = RuntimeError(record.error) if not record.ok else None

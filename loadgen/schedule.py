@@ -9,7 +9,9 @@ before the k-th assistant turn (wire form, see `wire_messages`) with
   and `ignore_eos: true`, so the server generates exactly that many tokens;
 - a tool gap after it: `extra.tool_gap_s` when recorded, else `default_tool_gap_s` (the study
   files record no tool timings);
-- a planned duration: `extra.wall_seconds` (or tokens / `pace_tokens_per_s`).
+- a planned duration: a fixed pace where one is set (tokens / `pace_tokens_per_s`); else the
+  turn's recorded `extra.wall_seconds`; else the server's measured service time
+  (`measured_ttft_s` + tokens / `measured_tokens_per_s`); else `default_request_s`.
 
 Context cap: when the estimated prompt plus `max_tokens` plus a margin exceeds `max_model_len`,
 the oldest turns are dropped from the start (system and first user message kept; an assistant
@@ -40,14 +42,16 @@ class Turn:
     max_tokens_source: str  # recorded | estimated | default | capped
     gap_s: float
     planned_s: float
+    planned_source: str  # pace | recorded | measured | default
     dropped_messages: int
     prompt_tokens_estimate: int
 
 
-def default_history_paths(root: str | Path = "histories") -> list[Path]:
-    """`histories/study/*/clean.json` and any `histories/<task>/clean.json`, sorted."""
-    base = Path(root)
-    return sorted(base.glob("study/*/clean.json")) + sorted(base.glob("*/clean.json"))
+def default_history_paths(root: str | Path) -> list[Path]:
+    """The study's six real histories (`<root>/study/*/clean.json`), sorted: realistic agent
+    traffic (DeepSeek V4 Flash and Laguna, native reasoning) that is none of the experimental
+    task's arms, so the background never warms exactly the clean arm's prefix."""
+    return sorted(Path(root).glob("study/*/clean.json"))
 
 
 def load_schedules(paths: list[str] | list[Path], options: ReplayOptions, *, model: str,
@@ -84,15 +88,29 @@ def schedule_history(history: History, name: str, options: ReplayOptions, *, mod
                                    **options.extra_body}
         if tools:
             payload["tools"] = tools
-        planned = (max_tokens / options.pace_tokens_per_s if options.pace_tokens_per_s
-                   else float(extra.get("wall_seconds") or options.default_request_s))
+        planned, planned_source = _planned(extra, max_tokens, options)
         gap = extra.get("tool_gap_s")
         turns.append(Turn(history=name, turn=len(turns), payload=payload, max_tokens=max_tokens,
                           max_tokens_source=source,
                           gap_s=float(gap) if gap is not None else options.default_tool_gap_s,
-                          planned_s=planned, dropped_messages=dropped,
+                          planned_s=planned, planned_source=planned_source,
+                          dropped_messages=dropped,
                           prompt_tokens_estimate=estimate))
     return turns
+
+
+def _planned(extra: dict[str, Any], max_tokens: int, options: ReplayOptions
+             ) -> tuple[float, str]:
+    """A turn's planned duration and where it came from (see the module docstring)."""
+    if options.pace_tokens_per_s:
+        return max_tokens / options.pace_tokens_per_s, "pace"
+    recorded = extra.get("wall_seconds")
+    if isinstance(recorded, int | float) and recorded > 0:
+        return float(recorded), "recorded"
+    if options.measured_tokens_per_s:
+        return (options.measured_ttft_s or 0.0) + max_tokens / options.measured_tokens_per_s, (
+            "measured")
+    return options.default_request_s, "default"
 
 
 def _recorded_tokens(message: dict[str, Any], extra: dict[str, Any],

@@ -27,6 +27,7 @@ from typing import IO
 import httpx
 import psutil
 
+from common.files import append_jsonl
 from common.net import api_url, server_url
 from common.paths import run_state_dir
 from serve.errors import (
@@ -374,6 +375,57 @@ def is_healthy(url: str) -> bool:
         return httpx.get(f"{server_url(url)}/health", timeout=3).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+class LazyServer:
+    """A helper server (the embedded external compressor) started the first time something
+    needs it, not before: `ensure()` is thread-safe, uses a server already healthy on the port,
+    and starts one otherwise. Every start and stop is appended to `events` (JSONL, run clock),
+    so a run records whether and when its helpers started and how long they took."""
+
+    def __init__(self, config: ServerConfig, *, name: str, events: Path | None = None,
+                 origin: float = 0.0) -> None:
+        self.config = config
+        self.name = name
+        self.events = events
+        self.origin = origin
+        self.server: Server | None = None
+        self.used = False
+        self._lock = threading.Lock()
+
+    def _event(self, event: str, **fields: object) -> None:
+        if self.events is not None:
+            append_jsonl(self.events, {"helper": self.name, "event": event,
+                                       "t_s": time.monotonic() - self.origin,
+                                       "url": self.config.api_url, **fields})
+
+    def ensure(self) -> None:
+        with self._lock:
+            if self.used:
+                return
+            self.used = True
+            if is_healthy(self.config.server_url):
+                self._event("reused")
+                return
+            self._event("starting")
+            server = Server(self.config)
+            server.start()
+            try:
+                server.wait_ready()
+            except BaseException:
+                server.stop()
+                raise
+            self.server = server
+            self._event("ready", ready_s=server.ready_s)
+
+    def stop(self) -> None:
+        with self._lock:
+            if self.server is not None:
+                self.server.stop()
+                self._event("stopped")
+                self.server = None
+            elif not self.used:
+                self._event("not-started", why="no block needed it")
 
 
 def require_server(url: str) -> None:

@@ -26,6 +26,8 @@ from bench.analysis.latency import (
     latencies,
     max_waiting,
 )
+from bench.analysis.load import BlockLoad, block_loads
+from bench.analysis.power import Sensitivity, noise_figures
 from bench.analysis.runfolder import (
     REFERENCE_ARM,
     ArmRecord,
@@ -47,7 +49,8 @@ class BlockStatus:
 
     `primary` holds the original record per arm when the block is complete, else is empty;
     `sensitivity` holds the records after recovery substitution when that makes it usable.
-    `reasons` says why the block is not usable in the primary analysis.
+    `reasons` says why the block is not usable in the primary analysis; a block whose load was
+    not the regime's (`load_reasons`) is usable in neither.
     """
 
     regime: str
@@ -57,6 +60,11 @@ class BlockStatus:
     sensitivity: Mapping[str, ArmRecord]
     substituted: tuple[str, ...]
     reasons: tuple[str, ...]
+    load: BlockLoad | None = None
+
+    @property
+    def load_reasons(self) -> tuple[str, ...]:
+        return self.load.reasons if self.load is not None else ()
 
     @property
     def key(self) -> BlockKey:
@@ -71,14 +79,19 @@ class BlockStatus:
 class ArmComparison:
     """One arm against clean over one set of blocks, for each measured quantity.
 
-    `with_rewrite` and the token changes cover only blocks where both arms recorded the value,
+    `with_rewrite` (postfork + the continuation's rewriting) and `with_fork_rewrite` (that plus
+    the one-time fork-prefix compaction, the study's serial T_K + T_R) cover only blocks where both
+    arms recorded the values; the token changes cover only blocks where both arms recorded them
+    and took the same number of postfork turns (the study compared tokens on equal-turn pairs),
     so their n can be smaller than `postfork.n`.
     """
 
     arm: str
     postfork: PairedChange
     with_rewrite: PairedChange
+    with_fork_rewrite: PairedChange
     reasoning_tokens: PairedChange
+    completion_tokens: PairedChange
     history_tokens: PairedChange
 
 
@@ -125,6 +138,7 @@ class RunAnalysis:
     cache_check: tuple[CacheCheck, ...]
     max_waiting: Mapping[str, float | None]
     serving: Mapping[str, Mapping[str, Mapping[str, Any]]]
+    noise: Sensitivity
 
     @property
     def run_id(self) -> str:
@@ -158,10 +172,21 @@ def _issue_notes(records: RunRecords) -> dict[BlockKey, list[tuple[str | None, s
 
 
 def block_statuses(records: RunRecords, arms: Sequence[str]) -> tuple[BlockStatus, ...]:
-    """Classify every block any file names: complete, usable only with recovery, or unusable."""
+    """Classify every block any file names: complete, usable only with recovery, or unusable
+    (its arms failed, or its background load was not the regime's)."""
+    loads = block_loads(records)
     by_block: dict[BlockKey, list[ArmRecord]] = defaultdict(list)
     for record in records.arms:
         by_block[(record.regime, record.block)].append(record)
+    # A block cut by a crash is run again as a new pass: only the last pass's originals count.
+    closed: dict[BlockKey, int] = {}
+    for block in records.blocks:
+        key = (block.regime, block.block)
+        closed[key] = max(closed.get(key, 0), block.block_pass or 1)
+    for key, lines in by_block.items():
+        final = closed.get(key, max((r.block_pass or 1) for r in lines))
+        by_block[key] = [r for r in lines if r.attempt != "original"
+                         or (r.block_pass or 1) == final]
     orders = {(b.regime, b.block): b.order for b in records.blocks}
     notes = _issue_notes(records)
     keys = set(by_block) | set(orders) | set(notes)
@@ -193,15 +218,20 @@ def block_statuses(records: RunRecords, arms: Sequence[str]) -> tuple[BlockStatu
                     substituted.append(arm)
         if not lines and notes.get(key):
             reasons.extend(text for _, text in notes[key])
+        load = loads.get(key)
+        load_invalid = tuple(f"invalid load: {r}" for r in (load.reasons if load else ()))
+        reasons.extend(load_invalid)
         complete = not reasons and len(originals) == len(arms)
         statuses.append(BlockStatus(
             regime=key[0],
             block=key[1],
             order=orders.get(key, ()),
             primary=originals if complete else {},
-            sensitivity=recovered if len(recovered) == len(arms) and lines else {},
+            sensitivity=(recovered if len(recovered) == len(arms) and lines and not load_invalid
+                         else {}),
             substituted=tuple(substituted),
             reasons=tuple(reasons),
+            load=load,
         ))
     return tuple(statuses)
 
@@ -220,7 +250,12 @@ def _paired(
     arm: str,
     value: Callable[[ArmRecord], float | None],
     rng: np.random.Generator,
+    *,
+    equal_turns: bool = False,
 ) -> PairedChange:
+    if equal_turns:
+        chosen = [b for b in chosen if b[arm].turns is not None
+                  and b[arm].turns == b[REFERENCE_ARM].turns]
     pairs = [(value(b[arm]), value(b[REFERENCE_ARM])) for b in chosen]
     kept = [(a, c) for a, c in pairs if a is not None and c is not None and c != 0]
     return paired_change([a for a, _ in kept], [c for _, c in kept], rng)
@@ -228,6 +263,15 @@ def _paired(
 
 def _with_rewrite(record: ArmRecord) -> float | None:
     return None if record.rewrite_s is None else record.postfork_s + record.rewrite_s
+
+
+def _with_fork_rewrite(record: ArmRecord) -> float | None:
+    """Postfork time plus all of this attempt's rewriting: the continuation's and the one-time
+    fork-prefix compaction (0 for arms that rewrite nothing, such as clean)."""
+    base = _with_rewrite(record)
+    if base is None:
+        return None
+    return base + (record.fork_rewrite_s or 0.0)
 
 
 def compare(
@@ -256,9 +300,14 @@ def compare(
             arm=arm,
             postfork=_paired(chosen, arm, lambda r: r.postfork_s, rng("postfork")),
             with_rewrite=_paired(chosen, arm, _with_rewrite, rng("with_rewrite")),
+            with_fork_rewrite=_paired(chosen, arm, _with_fork_rewrite,
+                                      rng("with_fork_rewrite")),
             reasoning_tokens=_paired(
-                chosen, arm, lambda r: r.reasoning_tokens, rng("reasoning_tokens")
-            ),
+                chosen, arm, lambda r: r.reasoning_tokens, rng("reasoning_tokens"),
+                equal_turns=True),
+            completion_tokens=_paired(
+                chosen, arm, lambda r: r.completion_tokens, rng("completion_tokens"),
+                equal_turns=True),
             history_tokens=_paired(chosen, arm, lambda r: r.history_tokens, rng("history_tokens")),
         )
     clean = [b[REFERENCE_ARM] for b in chosen] if REFERENCE_ARM in arms else []
@@ -322,4 +371,16 @@ def analyze(records: RunRecords, *, seed: int = 0) -> RunAnalysis:
         cache_check=cache_checks(records),
         max_waiting=max_waiting(records),
         serving=serving_figures(records),
+        noise=noise_figures(_changes_by_arm(primary), seed=seed),
     )
+
+
+def _changes_by_arm(primary: Mapping[str, Comparison]) -> dict[str, list[float]]:
+    """Every arm's per-block postfork changes over the primary comparisons of single regimes."""
+    out: dict[str, list[float]] = defaultdict(list)
+    for name, comparison in primary.items():
+        if name == POOLED:
+            continue
+        for arm, found in comparison.arms.items():
+            out[arm].extend(found.postfork.changes_pct)
+    return dict(out)

@@ -15,10 +15,11 @@ why. Only a run folder that does not exist at all raises `RunFolderError`.
 from __future__ import annotations
 
 import json
+import types
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
 
 from common.errors import SuiteError
 from common.files import SCHEMA, write_json_atomic, write_text_atomic
@@ -35,6 +36,7 @@ ARMS_FILE = "arms.jsonl"
 REQUESTS_FILE = "requests.jsonl"
 METRICS_FILE = "metrics.jsonl"
 BLOCKS_FILE = "blocks.jsonl"
+LOAD_FILE = "load.jsonl"
 
 
 class AnalysisError(SuiteError):
@@ -70,6 +72,31 @@ class ArmRecord:
     protocol_ok: bool | None = None
     started_s: float | None = None
     ended_s: float | None = None
+    # schema 2 (all optional): the repeat, the cache and rewrite costs, the protocol, the wire
+    seed: int | None = None  # the base sampling seed of this attempt (request k sends seed + k)
+    cache_mode: str | None = None  # shared | isolated
+    cache_salt: str | None = None
+    fork_prompt_tokens: int | None = None  # the first postfork request's prompt tokens...
+    fork_cached_tokens: int | None = None  # ...and how many of them came from the cache
+    fork_cache_state: str | None = None  # cold | partial | warm
+    first_request_s: float | None = None  # when the first postfork request was sent
+    setup_s: float | None = None
+    error_phase: str | None = None  # setup | run | patch | validation | policy | invariant
+    protocol: str | None = None  # strict | lenient
+    format_errors: int | None = None
+    reasoning_source: str | None = None  # server-usage | tokenizer
+    rewrite_requests: int | None = None  # compressor requests during the continuation
+    rewrite_cache_hits: int | None = None
+    rewrite_prompt_tokens: int | None = None
+    rewrite_completion_tokens: int | None = None
+    rewrite_failed_blocks: int | None = None
+    fork_rewrite_s: float | None = None  # the one-time compaction of the fork prefix (T_R)
+    fork_rewrite_requests: int | None = None
+    fork_rewrite_prompt_tokens: int | None = None
+    fork_rewrite_completion_tokens: int | None = None
+    fork_rewrite_cache_hits: int | None = None
+    invariant: dict[str, Any] | None = None  # body hashes, reasoning and factor fields
+    block_pass: int | None = None  # 2+ for a block run again after a crash cut it (None: 1)
 
     @property
     def complete(self) -> bool:
@@ -96,13 +123,38 @@ class MetricSample:
 
 @dataclass(frozen=True)
 class BlockRecord:
-    """One block: its regime, number, arms' randomized start order and its span."""
+    """One block: its regime, number, arms' randomized start order and its span; the block's
+    seed, its load figures and, where the load was not what the regime says, why the block is
+    invalid (it stays on record and out of the primary analysis)."""
 
     regime: str
     block: int
     order: tuple[str, ...] = ()
     started_s: float | None = None
     ended_s: float | None = None
+    seed: int | None = None
+    released_s: float | None = None  # when the arms were released together, after setup
+    load: dict[str, Any] | None = None
+    invalid_reasons: tuple[str, ...] = ()
+    block_pass: int | None = None  # which pass of the block this record closes (None: 1)
+
+
+@dataclass(frozen=True)
+class LoadSample:
+    """The background load's state, sampled by the bench about twice a second (`load.jsonl`)."""
+
+    t_s: float
+    running: bool
+    block: int | None = None
+    users: int | None = None
+    started: int | None = None
+    answered: int | None = None
+    in_flight: int | None = None
+    done: int | None = None
+    ok: int | None = None
+    errors: int | None = None
+    unauthorized: int | None = None
+    last_ok_age_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -132,53 +184,59 @@ class RunRecords:
     metrics: tuple[MetricSample, ...] = ()
     blocks: tuple[BlockRecord, ...] = ()
     issues: tuple[LoadIssue, ...] = field(default=())
+    load: tuple[LoadSample, ...] = ()
 
 
-# Fields a line must carry (value and type) to be usable; every other field may be absent or null.
-_REQUIRED: dict[type[Any], dict[str, tuple[type, ...]]] = {
-    ArmRecord: {
-        "regime": (str,), "block": (int,), "arm": (str,), "attempt": (str,),
-        "status": (str,), "postfork_s": (int, float),
-    },
-    RequestRecord: {
-        "regime": (str,), "source": (str,), "request_id": (str,), "sent_s": (int, float),
-        "status": (str,),
-    },
-    MetricSample: {"t_s": (int, float)},
-    BlockRecord: {"regime": (str,), "block": (int,)},
-}
-_NUMERIC = (int, float)
-_OPTIONAL: dict[type[Any], dict[str, tuple[type, ...]]] = {
-    ArmRecord: {
-        "error": (str,), "rewrite_s": _NUMERIC, "turns": (int,), "terminal_status": (str,),
-        "reasoning_tokens": (int,), "completion_tokens": (int,), "history_tokens": (int,),
-        "validation": (bool,), "protocol_ok": (bool,), "started_s": _NUMERIC,
-        "ended_s": _NUMERIC,
-    },
-    RequestRecord: {
-        "block": (int,), "intended_send_s": _NUMERIC, "first_token_s": _NUMERIC,
-        "end_s": _NUMERIC, "chunk_times_s": (list,), "prompt_tokens": (int,),
-        "model": (str,), "http_status": (int,), "finish_reason": (str,), "text_chars": (int,),
-        "labels": (dict,),
-        "cached_tokens": (int,), "completion_tokens": (int,), "reasoning_tokens": (int,),
-        "error": (str,),
-    },
-    MetricSample: {
-        "num_requests_running": _NUMERIC, "num_requests_waiting": _NUMERIC,
-        "kv_cache_usage": _NUMERIC, "prefix_cache_hits": _NUMERIC,
-        "prefix_cache_queries": _NUMERIC, "num_preemptions": _NUMERIC,
-    },
-    BlockRecord: {"order": (list,), "started_s": _NUMERIC, "ended_s": _NUMERIC},
+# Fields a line must carry to be usable; every other field may be absent or null. Types come
+# from each record's annotations.
+_REQUIRED: dict[type[Any], tuple[str, ...]] = {
+    ArmRecord: ("regime", "block", "arm", "attempt", "status", "postfork_s"),
+    RequestRecord: ("regime", "source", "request_id", "sent_s", "status"),
+    MetricSample: ("t_s",),
+    BlockRecord: ("regime", "block"),
+    LoadSample: ("t_s", "running"),
 }
 
 R = TypeVar("R")
 
 
-def _type_ok(value: Any, types: tuple[type, ...]) -> bool:
-    # bool is an int in Python; a boolean where a number belongs is a writer bug, not a number.
-    if isinstance(value, bool) and bool not in types:
-        return False
-    return isinstance(value, types)
+def _accepts(hint: Any, value: Any) -> tuple[bool, Any]:
+    """Whether a JSON value fits an annotation, and the value to store (lists become tuples
+    where the record holds a tuple). A bool where a number belongs is a writer bug: refused."""
+    origin = get_origin(hint)
+    if origin is types.UnionType or origin is Union:
+        options = [h for h in get_args(hint) if h is not type(None)]
+        for option in options:
+            ok, stored = _accepts(option, value)
+            if ok:
+                return True, stored
+        return False, value
+    if hint is Any:
+        return True, value
+    if hint is bool:
+        return isinstance(value, bool), value
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool), value
+    if hint is float:
+        return isinstance(value, int | float) and not isinstance(value, bool), value
+    if hint is str:
+        return isinstance(value, str), value
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            return False, value
+        item = get_args(hint)[0]
+        stored = []
+        for element in value:
+            ok, kept = _accepts(item, element)
+            if not ok:
+                return False, value
+            stored.append(kept)
+        return True, tuple(stored)
+    if origin is dict or hint is dict:
+        return isinstance(value, dict), value
+    if origin is list:
+        return isinstance(value, list), value
+    return False, value
 
 
 def parse_record(kind: type[R], obj: Any) -> R:
@@ -189,24 +247,20 @@ def parse_record(kind: type[R], obj: Any) -> R:
     if schema not in READABLE_SCHEMAS:
         raise ValueError(f"schema is {schema!r}, this reader understands "
                          f"{', '.join(map(str, READABLE_SCHEMAS))}")
+    hints = get_type_hints(kind)
     values: dict[str, Any] = {}
-    for name, types in _REQUIRED[kind].items():
+    for name in _REQUIRED[kind]:
         if obj.get(name) is None:
             raise ValueError(f"missing field '{name}'")
-        if not _type_ok(obj[name], types):
-            raise ValueError(f"field '{name}' has type {type(obj[name]).__name__}")
-        values[name] = obj[name]
-    for name, types in _OPTIONAL[kind].items():
+    for name, hint in hints.items():
         value = obj.get(name)
         if value is None:
             continue
-        if not _type_ok(value, types):
-            raise ValueError(f"field '{name}' has type {type(value).__name__}")
-        values[name] = tuple(value) if isinstance(value, list) else value
-    if kind is RequestRecord and not all(
-        _type_ok(t, _NUMERIC) for t in values.get("chunk_times_s", ())
-    ):
-        raise ValueError("field 'chunk_times_s' holds a non-number")
+        ok, stored = _accepts(hint, value)
+        if not ok:
+            raise ValueError(f"field '{name}' has a value of the wrong type "
+                             f"({type(value).__name__}: {str(value)[:40]!r})")
+        values[name] = stored
     return kind(**values)
 
 
@@ -268,7 +322,8 @@ def read_run(path: Path) -> RunRecords:
     requests, request_issues = read_records(path / REQUESTS_FILE, RequestRecord, required=False)
     metrics, metric_issues = read_records(path / METRICS_FILE, MetricSample, required=False)
     blocks, block_issues = read_records(path / BLOCKS_FILE, BlockRecord)
-    issues += [*arm_issues, *request_issues, *metric_issues, *block_issues]
+    load, load_issues = read_records(path / LOAD_FILE, LoadSample, required=False)
+    issues += [*arm_issues, *request_issues, *metric_issues, *block_issues, *load_issues]
     run_id = manifest.get("run_id")
     return RunRecords(
         run_id=run_id if isinstance(run_id, str) else path.name,
@@ -279,6 +334,7 @@ def read_run(path: Path) -> RunRecords:
         metrics=metrics,
         blocks=blocks,
         issues=tuple(issues),
+        load=load,
     )
 
 

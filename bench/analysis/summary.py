@@ -61,10 +61,22 @@ def _arm(analysis: RunAnalysis, comparison: Comparison, arm: str) -> dict[str, A
             "n_equal": found.postfork.n_equal,
             "n_slower": found.postfork.n_slower,
             "with_rewrite": _paired(found.with_rewrite),
+            "with_fork_rewrite": _paired(found.with_fork_rewrite),
             "reasoning_tokens": _paired(found.reasoning_tokens),
+            "completion_tokens": _paired(found.completion_tokens),
             "history_tokens": _paired(found.history_tokens),
         })
     return entry
+
+
+def _cache_states(analysis: RunAnalysis, regime: str) -> dict[str, dict[str, int]]:
+    """Per arm: how many original attempts found their fork cold, partial or warm."""
+    out: dict[str, dict[str, int]] = {}
+    for record in analysis.records.arms:
+        if record.regime == regime and record.fork_cache_state is not None:
+            counts = out.setdefault(record.arm, {})
+            counts[record.fork_cache_state] = counts.get(record.fork_cache_state, 0) + 1
+    return out
 
 
 def _comparison(analysis: RunAnalysis, comparison: Comparison) -> dict[str, Any]:
@@ -89,6 +101,11 @@ def build_summary(analysis: RunAnalysis) -> dict[str, Any]:
         entry["blocks_unusable"] = [
             {"block": b.block, "reasons": list(b.reasons)} for b in blocks if not b.complete
         ]
+        entry["blocks_invalid_load"] = [
+            {"block": b.block, "reasons": list(b.load_reasons)} for b in blocks
+            if b.load_reasons]
+        entry["load"] = {str(b.block): b.load.to_json() for b in blocks if b.load is not None}
+        entry["fork_cache_states"] = _cache_states(analysis, name)
         entry["max_requests_waiting"] = analysis.max_waiting.get(name)
         check = next((c for c in analysis.cache_check if c.regime == name), None)
         entry["cache_hit_rate_all_sources"] = check.from_requests if check else None
@@ -125,6 +142,7 @@ def build_summary(analysis: RunAnalysis) -> dict[str, Any]:
         ],
         "max_requests_waiting": analysis.max_waiting.get("all"),
         "serving": analysis.serving,
+        "noise": analysis.noise.to_json(),
         "issues": [
             {"file": i.file, "line": i.line, "reason": i.reason} for i in analysis.records.issues
         ],

@@ -25,7 +25,6 @@ from bench.analysis.serving import requests_table
 from bench.analysis.stats import (
     BOOTSTRAP_RESAMPLES,
     MIN_BLOCKS_FOR_INTERVAL,
-    Distribution,
     PairedChange,
 )
 from bench.analysis.study import import_study
@@ -41,11 +40,30 @@ from bench.report.document import (
     to_html,
     to_markdown,
 )
+from bench.report.sections import serving_sections, trust_sections
 from common.files import write_bytes_atomic, write_json_atomic, write_text_atomic
 
 Metric = Callable[[ArmComparison], PairedChange]
 POSTFORK: Metric = lambda a: a.postfork  # noqa: E731
 WITH_REWRITE: Metric = lambda a: a.with_rewrite  # noqa: E731
+WITH_FORK_REWRITE: Metric = lambda a: a.with_fork_rewrite  # noqa: E731
+
+
+def _factors(manifest: Mapping[str, object]) -> list[str]:
+    """The run's recorded factors, where its manifest states them."""
+    config = manifest.get("config")
+    if not isinstance(config, dict):
+        return []
+    out = []
+    for key, label in (("seeds", "sampling seeds"), ("cache", "prefix cache"),
+                       ("protocol", "protocol check"), ("rewrite_cache", "rewrite cache")):
+        if key in config:
+            out.append(f"{label}: {config[key] if config[key] is not None else 'default'}")
+    probe = manifest.get("service_probe")
+    if isinstance(probe, dict):
+        out.append(f"measured service time (background pacing): TTFT "
+                   f"{probe.get('ttft_s', 0):.3f} s, {probe.get('tokens_per_s', 0):.1f} tokens/s")
+    return out
 
 
 @dataclass(frozen=True)
@@ -138,13 +156,6 @@ def _block_row(analysis: RunAnalysis, block: BlockStatus) -> tuple[str, ...]:
             status)
 
 
-def _dist(d: Distribution, scale: float, digits: int) -> str:
-    if not d.n:
-        return "n=0"
-    values = " / ".join(f"{scale * d.percentiles[p]:.{digits}f}" for p in (50, 90, 99))
-    return f"{values} (n={d.n})"
-
-
 def _token_cell(change: PairedChange) -> str:
     if change.n == 0:
         return "not recorded (n=0)"
@@ -165,6 +176,7 @@ def build_document(analysis: RunAnalysis, images: Mapping[str, bytes | None]) ->
         f"records read: {len(records.arms)} arm attempts, {len(records.blocks)} blocks, "
         f"{len(records.requests)} requests, {len(records.metrics)} /metrics samples",
         *([f"notes: {manifest['notes']}"] if isinstance(manifest.get("notes"), str) else []),
+        *_factors(manifest),
         f"intervals: 95% percentile bootstrap of the median paired change, {BOOTSTRAP_RESAMPLES}"
         f" block resamples, seed {analysis.seed}",
     )))
@@ -218,106 +230,40 @@ def build_document(analysis: RunAnalysis, images: Mapping[str, bytes | None]) ->
     rewrite = Section("Postfork time with rewrite time added")
     if any(a.with_rewrite.n for c in analysis.primary.values() for a in c.arms.values()):
         rewrite.add(
-            Paragraph("postfork_s + rewrite_s per arm; a block enters only where both arms "
-                      "recorded a rewrite time (clean records 0)."),
+            Paragraph("postfork_s + rewrite_s per arm (rewriting during the continuation, each "
+                      "attempt paying its own unless the run reused a rewrite cache); a block "
+                      "enters only where both arms recorded a rewrite time (clean records 0)."),
             comparison_table(analysis, analysis.primary, WITH_REWRITE, "Rewrite-inclusive time"),
+            Paragraph("Serial rewrite-inclusive time, the study's T_K + T_R: the above plus the "
+                      "one-time compaction of the fork prefix recorded in the arm's file."),
+            comparison_table(analysis, analysis.primary, WITH_FORK_REWRITE,
+                             "Rewrite-inclusive time with the fork prefix's compaction"),
         )
     else:
         rewrite.add(Paragraph("No block recorded rewrite times for both clean and an arm "
                               "(n=0), so rewrite-inclusive time is not available."))
     tokens = Section("Tokens per continuation").add(Table(
         ("Regime", "Arm", "reasoning tokens: median, paired change [95% CI]",
+         "completion tokens: median, paired change [95% CI]",
          "history tokens: median, paired change [95% CI]"),
-        tuple((_label(c), a.arm, _token_cell(a.reasoning_tokens), _token_cell(a.history_tokens))
+        tuple((_label(c), a.arm, _token_cell(a.reasoning_tokens),
+               _token_cell(a.completion_tokens), _token_cell(a.history_tokens))
               for c in analysis.primary.values()
               if not (c.name == POOLED and len(analysis.regimes) == 1)
               for a in c.arms.values()),
-        "Complete original blocks; n counts blocks where both arms recorded the value."))
+        "Complete original blocks. Reasoning and completion tokens: blocks where both arms "
+        "recorded the value and took the same number of postfork turns (the study's "
+        "equal-turn pairs); history tokens: the first postfork request's prompt. n counts the "
+        "blocks used. Reasoning tokens are the server's usage figure, or for tagged-visible "
+        "reasoning the thoughts counted with the server's tokenizer."))
     per_block = Section("Per-block records").add(Table(
         ("Regime", "Block", "Start order", *(f"{a} postfork" for a in analysis.arms), "Use"),
         tuple(_block_row(analysis, b) for b in analysis.blocks),
         "Changes in parentheses are against the same block's clean arm."))
     return Document(f"Run report: {analysis.run_id}", (
         run, primary, sensitivity, failures, rewrite, tokens, per_block,
-        *_serving_sections(analysis, images),
+        *trust_sections(analysis), *serving_sections(analysis, images),
     ))
-
-
-def _serving_sections(analysis: RunAnalysis, images: Mapping[str, bytes | None]) -> list[Section]:
-    latency = Section("Request latency")
-    if not analysis.latency:
-        latency.add(Paragraph("No requests.jsonl records: latency not available for this run."))
-    else:
-        latency.add(Table(
-            ("Regime", "Source", "Requests (errors)", "TTFT s p50/p90/p99",
-             "inter-token ms p50/p90/p99", "request s p50/p90/p99", "send lag ms p50/p90/p99"),
-            tuple((r.regime, r.source, f"{r.n_requests} ({r.n_errors})", _dist(r.ttft, 1, 3),
-                   _dist(r.inter_token, 1000, 1), _dist(r.request_time, 1, 2),
-                   _dist(r.send_lag, 1000, 1)) for r in analysis.latency),
-            "TTFT (first token - send) is the queue-time proxy; send lag (send - intended send) "
-            "shows whether the load generator kept its schedule."))
-        if images.get("latency_cdfs"):
-            latency.add(Image("latency_cdfs.png", images["latency_cdfs"] or b"",
-                              "Latency CDFs per regime and source (log scale)."))
-    cache = Section("Prefix cache")
-    rated = [c for c in analysis.cache if c.n_requests]
-    if not rated:
-        cache.add(Paragraph("No per-request cached/prompt token counts: cache hit rate not "
-                            "available for this run."))
-    else:
-        cache.add(Table(
-            ("Regime", "Source", "Hit rate", "Cached / prompt tokens", "Requests"),
-            tuple((c.regime, c.source, "n/a" if c.hit_rate is None else f"{c.hit_rate:.1%}",
-                   f"{c.cached_tokens} / {c.prompt_tokens}", str(c.n_requests)) for c in rated),
-            "Sum of cached tokens over sum of prompt tokens."))
-        if images.get("cache_rates"):
-            cache.add(Image("cache_rates.png", images["cache_rates"] or b"",
-                            "Prefix-cache hit rate per source."))
-    if analysis.cache_check:
-        cache.add(Table(
-            ("Regime", "Block spans", "All sources, from requests", "From /metrics counters"),
-            tuple((c.regime, str(c.n_spans),
-                   "n/a" if c.from_requests is None else f"{c.from_requests:.1%}",
-                   "n/a" if c.from_metrics is None else f"{c.from_metrics:.1%}")
-                  for c in analysis.cache_check),
-            "Cross-check: server-wide counter deltas (hits / queries) over the regime's blocks."))
-    server = Section("Server queue and KV cache")
-    if not analysis.records.metrics:
-        server.add(Paragraph("No metrics.jsonl samples: server queue not available."))
-    else:
-        server.add(Bullets(tuple(
-            f"max requests waiting, {name}: {'n/a' if v is None else f'{v:.0f}'}"
-            for name, v in analysis.max_waiting.items())))
-        if images.get("server_timeseries"):
-            server.add(Image("server_timeseries.png", images["server_timeseries"] or b"",
-                             "Waiting/running requests and KV-cache usage; shaded spans are "
-                             "blocks, coloured by regime."))
-    return [latency, _serving_section(analysis), cache, server]
-
-
-def _ms(value: object) -> str:
-    return "n/a" if not isinstance(value, int | float) else f"{value:.1f}"
-
-
-def _serving_section(analysis: RunAnalysis) -> Section:
-    """The per-request figures under `vllm bench serve`'s names (summary.json `serving`)."""
-    section = Section("Serving figures (vLLM benchmark names)")
-    rows = [(regime, source, f"{f['completed']} ({f['failed']})", _ms(f["duration"]),
-             _ms(f["request_throughput"] and f["request_throughput"] * 60),
-             _ms(f["output_throughput"]), f"{_ms(f['median_ttft_ms'])} / {_ms(f['p99_ttft_ms'])}",
-             f"{_ms(f['median_tpot_ms'])} / {_ms(f['p99_tpot_ms'])}",
-             f"{_ms(f['median_itl_ms'])} / {_ms(f['p99_itl_ms'])}",
-             f"{_ms(f['median_e2el_ms'])} / {_ms(f['p99_e2el_ms'])}")
-            for regime, sources in analysis.serving.items() for source, f in sources.items()]
-    if not rows:
-        return section.add(Paragraph("No requests inside block spans: no serving figures."))
-    return section.add(Table(
-        ("Regime", "Source", "completed (failed)", "duration s", "requests/min",
-         "output tok/s", "TTFT ms median / p99", "TPOT ms median / p99",
-         "ITL ms median / p99", "E2EL ms median / p99"), tuple(rows),
-        "Requests inside the regime's blocks; throughput per the blocks' total span. The same "
-        "figures, with mean, std and p90 too, are in summary.json under `serving`, named as "
-        "`vllm bench serve --save-result` names them (median_ttft_ms, p99_itl_ms, ...)."))
 
 
 def render(analysis: RunAnalysis) -> Document:

@@ -1,24 +1,49 @@
-"""Arms ready to run in a block: the history each arm continues from, a fresh history policy
-per continuation, and the reasoning-only invariant, checked before anything runs."""
+"""Arms ready to run in a block: the history each arm continues from, a fresh history policy per
+attempt, what the arm's file says its fork-prefix compaction cost, and the reasoning-only
+invariant on the exact first request each attempt will send."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from functools import partial
-from pathlib import Path
+from dataclasses import dataclass, field
+from typing import Any
 
+from bench.run.config import PLACEBO, REFERENCE
 from common.errors import SuiteError
-from histories.agent.continuation import check_reasoning_only
-from histories.compaction.compactor import CompressorConfig
+from histories.agent.chat import ChatModelConfig
+from histories.agent.continuation import first_request
+from histories.compaction.compactor import CompactionCache, CompressorConfig
+from histories.compaction.endpoint import RecordSink
+from histories.compaction.ledger import Ledger
 from histories.format.history import History
-from histories.format.invariant import InvariantError
+from histories.format.invariant import InvariantError, compare_bodies
 from histories.policies.base import CleanPolicy, HistoryPolicy
 from histories.policies.compacting import policy_for
+from histories.tasks.task import Task
+
+# Fields a request body may differ in between arms because the run set them on purpose (a
+# recorded factor), not because a policy touched the history: the per-arm cache salt (CACHE=
+# isolated) and the per-arm sampling seed (SEEDS=independent).
+FACTOR_FIELDS = ("cache_salt", "seed")
 
 
 class ArmError(SuiteError):
     """An arm cannot be set up (no compressor for it, no clean history to check against)."""
+
+
+@dataclass(frozen=True)
+class AttemptContext:
+    """Where one attempt of an arm runs: its block and attempt, its sampling seed, and where its
+    policy records compressor requests and rewrites."""
+
+    regime: str
+    block: int
+    attempt: str
+    seed: int
+    ledger: Ledger
+    on_record: RecordSink | None = None
+    origin_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -27,29 +52,87 @@ class Arm:
 
     name: str
     history: History
-    new_policy: Callable[[], HistoryPolicy]  # a fresh policy (and its state) per continuation
-    invariant_error: str | None = None  # the reasoning-only invariant, checked before the run
+    new_policy: Callable[[AttemptContext], HistoryPolicy]  # a fresh policy per attempt
+    fork_rewrite: Mapping[str, Any] = field(default_factory=dict)  # the arm file's T_R
 
 
-def arm_for(name: str, history: History, clean: History | None, *,
-            compressors: Mapping[str, CompressorConfig], history_path: Path,
-            ledger_path: Path) -> Arm:
-    """`clean` sends its history unchanged; a compaction arm continues its own arm file and
-    compacts each new reasoning block before every request (cache shared with acquisition in
-    the task's `compaction/` folder, ledger in the run folder)."""
-    if name == "clean":
-        return Arm(name=name, history=history, new_policy=CleanPolicy)
+def fork_rewrite_cost(history: History) -> dict[str, Any]:
+    """The one-time compaction of the fork prefix as the arm file recorded it (the study's
+    T_R): seconds in compressor requests, requests (drafts), tokens, and cache hits (blocks
+    that cost nothing because a cache already had them)."""
+    totals = (history.provenance.get("compaction") or {}).get("totals") or {}
+    if not totals:
+        return {}
+    return {"fork_rewrite_s": float(totals.get("latency_s") or 0.0),
+            "fork_rewrite_requests": int(totals.get("drafts") or 0),
+            "fork_rewrite_prompt_tokens": totals.get("prompt_tokens"),
+            "fork_rewrite_completion_tokens": totals.get("completion_tokens"),
+            "fork_rewrite_cache_hits": int(totals.get("cache_hits") or 0)}
+
+
+def arm_for(name: str, history: History, *, compressors: Mapping[str, CompressorConfig],
+            cache: CompactionCache | None = None,
+            before_request: Callable[[], None] | None = None) -> Arm:
+    """`clean` and `placebo` send their history unchanged (placebo is clean's very file under
+    another name); a compaction arm continues its own arm file and compacts each new reasoning
+    block before every request. `cache` (a persistent rewrite cache) only where the run asks to
+    reuse rewrites; by default every attempt pays its own (a fresh cache per policy).
+    `before_request` runs before each compressor request (a compressor started on first use)."""
+    if name in (REFERENCE, PLACEBO):
+        return Arm(name=name, history=history, new_policy=lambda _: CleanPolicy())
     if name not in compressors:
         raise ArmError(f"arm '{name}' has no compressor configured; known: "
                        f"{', '.join(sorted(compressors)) or 'none'}")
-    if clean is None:
-        raise ArmError(f"arm '{name}' needs the clean arm to check the reasoning-only invariant")
-    invariant = None
+    config = compressors[name]
+
+    def new_policy(context: AttemptContext) -> HistoryPolicy:
+        return policy_for(history, config, name=name, cache=cache, ledger=context.ledger,
+                          context={"regime": context.regime, "block": context.block,
+                                   "attempt": context.attempt},
+                          on_record=context.on_record, origin_s=context.origin_s,
+                          seed=context.seed, before_request=before_request)
+
+    return Arm(name=name, history=history, new_policy=new_policy,
+               fork_rewrite=fork_rewrite_cost(history))
+
+
+@dataclass(frozen=True)
+class WireCheck:
+    """The invariant for one attempt: the exact body its first request will carry, and how it
+    compares with clean's. `error` is set when it differs outside reasoning."""
+
+    sha256: str
+    report: dict[str, Any]
+    error: str | None
+
+
+def check_on_the_wire(arm: Arm, arm_config: ChatModelConfig, clean: Arm,
+                      clean_config: ChatModelConfig, task: Task,
+                      context: AttemptContext) -> WireCheck:
+    """Build the first postfork request of `arm` and of `clean` exactly as their attempts will
+    send them (real settings, seeds, salts, a fresh policy each) and compare them field by
+    field; only assistant reasoning and the recorded factor fields may differ."""
+    sent_arm = first_request(arm.history, arm_config, task=task, policy=arm.new_policy(context))
+    sent_clean = first_request(clean.history, clean_config, task=task,
+                               policy=clean.new_policy(context))
+    body_arm, body_clean = json.loads(sent_arm.body), json.loads(sent_clean.body)
+    factors = sorted(k for k in FACTOR_FIELDS if body_arm.get(k) != body_clean.get(k))
+    for key in factors:
+        body_arm.pop(key, None)
+        body_clean.pop(key, None)
+    report: dict[str, Any] = {"clean_sha256": sent_clean.body_sha256,
+                              "arm_sha256": sent_arm.body_sha256, "factor_fields": factors}
+    if clean.history.fork is not None and arm.history.fork is not None and (
+            clean.history.fork.action != arm.history.fork.action):
+        return WireCheck(sent_arm.body_sha256, {**report, "passed": False},
+                         f"InvariantError: arm {arm.name}: the fork's pending action differs "
+                         "from clean's (extra.fork.action)")
     try:
-        check_reasoning_only(clean, history)
+        checked = compare_bodies(body_clean, body_arm, arm_name=arm.name, task=task.id,
+                                 reasoning_mode=clean.history.reasoning_mode,
+                                 protocol=clean.history.action_protocol)
     except InvariantError as exc:
-        invariant = f"InvariantError: {exc}"
-    factory: Callable[[], HistoryPolicy] = partial(
-        policy_for, history, compressors[name], name=name, history_path=history_path,
-        ledger_path=ledger_path)
-    return Arm(name=name, history=history, new_policy=factory, invariant_error=invariant)
+        return WireCheck(sent_arm.body_sha256, {**report, "passed": False},
+                         f"InvariantError: {exc}")
+    return WireCheck(sent_arm.body_sha256, {**report, "passed": True,
+                                            "reasoning_fields": checked.reasoning_fields}, None)

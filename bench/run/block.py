@@ -1,24 +1,80 @@
-"""One block: every arm of one task continued side by side, one experimental client per arm,
-in a seeded random start order. Each arm's outcome becomes one `ArmRecord`; a failing arm keeps
-its record and its duration."""
+"""One block: every arm of one task continued side by side, one experimental client per arm.
+
+Order of events in a block:
+1. the arms' start order is drawn from the block's seeded generator and recorded;
+2. each attempt gets its sampling seed (common or per arm), its cache salt (isolated cache) and
+   a fresh policy, and the first request it will send is built and checked against clean's on
+   the wire (the reasoning-only invariant);
+3. every arm sets up (workspace copy, replay of the history's actions) in its own thread and
+   waits; when all are ready they are released together, in the recorded order, and each arm's
+   actual first-request time is recorded;
+4. each arm's outcome becomes one `ArmRecord`, whatever went wrong inside it: a failing arm
+   keeps its record and its duration. The protocol check fails an arm whose continuation failed,
+   whose invariant failed, whose first request on the wire differs from the one checked, whose
+   policy could not apply (compressor down, every draft rejected), or (strict protocol) which
+   made a protocol error after the fork.
+"""
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+import dataclasses
+import hashlib
+import threading
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
-from bench.analysis.runfolder import ArmRecord, BlockRecord
-from bench.run.arm import Arm
+from bench.analysis.runfolder import ArmRecord
+from bench.run.arm import Arm, AttemptContext, WireCheck, check_on_the_wire
+from bench.run.config import REFERENCE, BenchConfig, arm_seed, derived_seed
 from bench.run.writer import RunWriter
 from common.timing import Clock, monotonic
 from histories.agent.chat import ChatModelConfig
 from histories.agent.continuation import ContinuationResult, continue_history
+from histories.compaction.ledger import Ledger
+from histories.policies.base import HistoryPolicy
 from histories.tasks.task import Task
+from loadgen.request import PreparedRequest, RequestRecord
 
 # mini-swe-agent's terminal statuses: reaching one of them (without a transport error) is
-# protocol completion; "TransportError" is ours, for a request that failed.
+# protocol completion under the lenient protocol.
 TERMINAL = frozenset({"Submitted", "LimitsExceeded", "RepeatedFormatError", "TimeExceeded"})
+SETUP_TIMEOUT_S = 900.0  # the longest the released arms wait for a sibling's setup
+
+
+@dataclass(frozen=True)
+class BlockSettings:
+    """What every block of a run shares."""
+
+    config: BenchConfig
+    run_id: str
+    task: Task
+    model: ChatModelConfig
+    protocol: str  # strict | lenient
+    block_size: int  # the server's KV block size (tokens), for the fork cache state
+    ledger: Ledger
+
+
+@dataclass(frozen=True)
+class BlockOutcome:
+    records: list[ArmRecord]
+    order: tuple[str, ...]
+    seed: int
+    started_s: float
+    released_s: float | None
+    ended_s: float
+    block_pass: int = 1
+
+
+def cache_state(prompt: int | None, cached: int | None, block_size: int) -> str | None:
+    """cold: nothing cached; warm: all but the last partial KV block cached; partial between."""
+    if prompt is None or cached is None:
+        return None
+    if cached <= 0:
+        return "cold"
+    return "warm" if cached >= prompt - block_size else "partial"
 
 
 def _sum(values: list[int | None]) -> int | None:
@@ -26,53 +82,161 @@ def _sum(values: list[int | None]) -> int | None:
     return sum(known) if known else None
 
 
-def arm_record(arm: Arm, result: ContinuationResult, *, regime: str, block: int,
-               attempt: str, origin: float) -> ArmRecord:
-    """Protocol check: a terminal status, no transport error, the invariant held."""
-    error = result.error or arm.invariant_error
-    ok = error is None and result.terminal_status in TERMINAL
+def protocol_error(arm: Arm, result: ContinuationResult, wire: WireCheck,
+                   policy: HistoryPolicy, protocol: str) -> tuple[str | None, str | None]:
+    """(error, phase) of the protocol check, or (None, None) when the arm passes."""
+    if result.error is not None:
+        return result.error, result.error_phase
+    if wire.error is not None:
+        return wire.error, "invariant"
+    if result.first_body is not None and hashlib.sha256(result.first_body).hexdigest() != (
+            wire.sha256):
+        return ("InvariantError: the first request sent differs from the one checked before the "
+                "block (the invariant was checked on another body)"), "invariant"
+    not_applied = getattr(policy, "not_applied", None)
+    reason = not_applied() if callable(not_applied) else None
+    if reason:
+        return f"PolicyError: {reason}", "policy"
+    if protocol == "strict" and result.format_errors:
+        return (f"ProtocolError: {result.format_errors} protocol error(s) after the fork (strict "
+                f"protocol), first: {result.first_format_error}"), "run"
+    if result.terminal_status not in TERMINAL:
+        return f"non-terminal status {result.terminal_status}", "run"
+    return None, None
+
+
+def arm_record(arm: Arm, result: ContinuationResult, *, policy: HistoryPolicy, wire: WireCheck,
+               settings: BlockSettings, regime: str, block: int, attempt: str, seed: int,
+               salt: str | None, origin: float) -> ArmRecord:
+    """One attempt's record: the protocol check and everything the analysis needs."""
+    error, phase = protocol_error(arm, result, wire, policy, settings.protocol)
+    first = result.requests[0] if result.requests else None
+    compactions = list(getattr(policy, "results", []))
+    requests = [c for c in compactions if c.drafts]
     return ArmRecord(
         regime=regime, block=block, arm=arm.name, attempt=attempt,
-        status="complete" if ok else "failed", postfork_s=result.postfork_s,
-        error=error if error or ok else f"non-terminal status {result.terminal_status}",
-        rewrite_s=result.rewrite_s, turns=result.turns,
-        terminal_status=result.terminal_status,
-        reasoning_tokens=_sum([r.reasoning_tokens for r in result.requests]),
+        status="failed" if error else "complete", postfork_s=result.postfork_s, error=error,
+        rewrite_s=result.rewrite_s, turns=result.turns, terminal_status=result.terminal_status,
+        reasoning_tokens=result.reasoning_tokens,
         completion_tokens=_sum([r.completion_tokens for r in result.requests]),
-        history_tokens=result.requests[0].prompt_tokens if result.requests else None,
+        history_tokens=first.prompt_tokens if first else None,
         validation=result.validation.passed if result.validation else None,
-        protocol_ok=ok, started_s=result.started_s - origin, ended_s=result.ended_s - origin)
+        protocol_ok=error is None, started_s=result.started_s - origin,
+        ended_s=result.ended_s - origin, seed=seed, cache_mode=settings.config.cache,
+        cache_salt=salt, fork_prompt_tokens=first.prompt_tokens if first else None,
+        fork_cached_tokens=first.cached_tokens if first else None,
+        fork_cache_state=cache_state(first.prompt_tokens if first else None,
+                                     first.cached_tokens if first else None,
+                                     settings.block_size),
+        first_request_s=first.sent_s - origin if first else None, setup_s=result.setup_s,
+        error_phase=phase, protocol=settings.protocol, format_errors=result.format_errors,
+        reasoning_source=result.reasoning_source,
+        rewrite_requests=sum(c.drafts for c in requests) if compactions else 0,
+        rewrite_cache_hits=sum(c.cache_hit for c in compactions),
+        rewrite_prompt_tokens=_sum([c.prompt_tokens for c in requests]),
+        rewrite_completion_tokens=_sum([c.completion_tokens for c in requests]),
+        rewrite_failed_blocks=sum(c.outcome == "failed" for c in compactions),
+        invariant=dict(wire.report), **dict(arm.fork_rewrite))
 
 
-def run_block(arms: list[Arm], *, task: Task, config: ChatModelConfig, regime: str,
-              block: int, rng: np.random.Generator, writer: RunWriter, attempt: str = "original",
-              step_limit: int | None = None, cache_salt: str | None = None,
-              clock: Clock = monotonic) -> list[ArmRecord]:
-    """Run the arms side by side; return (and append) one record per arm."""
+def failed_record(arm: Arm, *, regime: str, block: int, attempt: str, seed: int,
+                  error: str, phase: str, settings: BlockSettings) -> ArmRecord:
+    """The record of an attempt that broke outside the continuation's own boundary."""
+    return ArmRecord(regime=regime, block=block, arm=arm.name, attempt=attempt, status="failed",
+                     postfork_s=0.0, error=error, error_phase=phase, seed=seed,
+                     cache_mode=settings.config.cache, protocol=settings.protocol,
+                     protocol_ok=False, **dict(arm.fork_rewrite))
+
+
+class _Release:
+    """Arms wait here after setup; the block releases them together, in the recorded order."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.ready = {n: threading.Event() for n in names}
+        self.go = {n: threading.Event() for n in names}
+
+    def gate(self, name: str) -> Callable[[], None]:
+        def wait() -> None:
+            self.ready[name].set()
+            self.go[name].wait()
+        return wait
+
+    def release(self, order: list[str], clock: Clock) -> float:
+        for name in order:
+            self.ready[name].wait(SETUP_TIMEOUT_S)
+        released = clock()
+        for name in order:
+            self.go[name].set()
+        return released
+
+
+def run_block(arms: list[Arm], *, settings: BlockSettings, regime: str, block: int,
+              rng: np.random.Generator, writer: RunWriter, attempt: str = "original",
+              block_pass: int = 1, clock: Clock = monotonic) -> BlockOutcome:
+    """Run the arms side by side; return (and append) one record per arm (module docstring)."""
+    config = settings.config
     order = [arms[i] for i in rng.permutation(len(arms))]
+    clean = next((a for a in arms if a.name == REFERENCE), None)
     started = clock()
+    release = _Release([a.name for a in order])
+    records: dict[str, ArmRecord] = {}
 
-    def one(arm: Arm) -> ArmRecord:
-        arm_config = config
-        if cache_salt:
-            salt = {"cache_salt": f"{cache_salt}-{block}-{arm.name}"}
-            arm_config = config.model_copy(update={"extra_body": {**config.extra_body, **salt}})
-        result = continue_history(
-            arm.history, task, arm_config, step_limit=step_limit, clock=clock,
-            policy=arm.new_policy(),
-            on_request=lambda r, _: writer.request(r, regime=regime, block=block,
-                                                   source=arm.name, attempt=attempt))
-        record = arm_record(arm, result, regime=regime, block=block, attempt=attempt,
-                            origin=writer.origin)
+    def attempt_config(arm: Arm, seed: int) -> tuple[ChatModelConfig, str | None]:
+        salt = (f"{settings.run_id}-b{block}-{arm.name}-{attempt}" if config.cache == "isolated"
+                else None)
+        extra = {**settings.model.extra_body, **({"cache_salt": salt} if salt else {})}
+        return settings.model.model_copy(update={"seed": seed, "extra_body": extra}), salt
+
+    def one(arm: Arm) -> None:
+        seed = arm_seed(config, block, arm.name, attempt)
+        context = AttemptContext(regime=regime, block=block, attempt=attempt, seed=seed,
+                                 ledger=settings.ledger, origin_s=writer.origin,
+                                 on_record=lambda r: writer.request(
+                                     r, regime=regime, block=block,
+                                     source=f"{arm.name}/compressor", attempt=attempt))
+        gate = release.gate(arm.name)
+        try:
+            arm_config, salt = attempt_config(arm, seed)
+            reference = clean or arm
+            clean_seed = arm_seed(config, block, reference.name, attempt)
+            clean_config = attempt_config(reference, clean_seed)[0]
+            wire = check_on_the_wire(arm, arm_config, reference, clean_config, settings.task,
+                                     context)
+            policy = arm.new_policy(context)
+
+            def record_request(record: RequestRecord, _: PreparedRequest) -> None:
+                writer.request(record, regime=regime, block=block, source=arm.name,
+                               attempt=attempt, **({"block_pass": block_pass}
+                                                   if block_pass > 1 else {}))
+
+            result = continue_history(
+                arm.history, settings.task, arm_config, step_limit=config.step_limit,
+                clock=clock, policy=policy, on_request=record_request, gate=gate)
+            record = arm_record(arm, result, policy=policy, wire=wire, settings=settings,
+                                regime=regime, block=block, attempt=attempt, seed=seed,
+                                salt=salt, origin=writer.origin)
+            record = dataclasses.replace(record, block_pass=block_pass if block_pass > 1 else None)
+        except Exception as exc:  # the per-arm boundary: whatever broke, the arm gets a record
+            gate_event = release.ready[arm.name]
+            if not gate_event.is_set():
+                gate_event.set()
+            last = traceback.extract_tb(exc.__traceback__)[-1:]
+            where = f" at {last[0].filename}:{last[0].lineno}" if last else ""
+            record = failed_record(arm, regime=regime, block=block, attempt=attempt, seed=seed,
+                                   error=f"InternalError: {type(exc).__name__}: {exc}{where}",
+                                   phase="setup", settings=settings)
+            record = dataclasses.replace(record, block_pass=block_pass if block_pass > 1 else None)
         writer.arm(record)
-        return record
+        records[arm.name] = record
 
-    with ThreadPoolExecutor(max_workers=len(order), thread_name_prefix="arm") as pool:
-        futures = [pool.submit(one, arm) for arm in order]  # submitted in the random order
-        records = [f.result() for f in futures]
-    if attempt == "original":
-        writer.block(BlockRecord(regime=regime, block=block,
-                                 order=tuple(a.name for a in order),
-                                 started_s=started - writer.origin,
-                                 ended_s=clock() - writer.origin))
-    return records
+    threads = [threading.Thread(target=one, args=(arm,), name=f"arm-{arm.name}", daemon=True)
+               for arm in order]
+    for thread in threads:
+        thread.start()
+    released = release.release([a.name for a in order], clock)
+    for thread in threads:
+        thread.join()
+    return BlockOutcome(records=[records[a.name] for a in order if a.name in records],
+                        order=tuple(a.name for a in order),
+                        seed=derived_seed(config.seed, block), started_s=started,
+                        released_s=released, ended_s=clock(), block_pass=block_pass)

@@ -1,9 +1,12 @@
-"""The bench's one typed config, built by the CLI from `make bench` variables."""
+"""The bench's one typed config, built by the CLI from `make bench` variables, and the choices
+it makes for a profile (block counts, background users, seeds, protocol strictness)."""
 
 from __future__ import annotations
 
+import zlib
 from typing import Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from common.net import server_url
@@ -18,6 +21,15 @@ DEFAULT_BLOCKS = {
     "cuda": {"dedicated": 5, "shared": 5, "overloaded": 25},
     "cpu": {"dedicated": 2, "shared": 2, "overloaded": 1},
 }
+# Arm names that are not compaction policies: the reference, and a byte-identical copy of it
+# under another name (its interval must cover 0: what the analysis reads into noise alone).
+REFERENCE = "clean"
+PLACEBO = "placebo"
+
+
+# The settings that make a run what it is: a resumed run takes them from its manifest.
+RUN_SETTINGS = ("regime", "task", "arms", "seed", "seeds", "cache", "protocol", "rewrite_cache",
+                "step_limit", "prompt", "blocks", "external_url", "locust_workers")
 
 
 class BenchConfig(BaseModel):
@@ -25,21 +37,29 @@ class BenchConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    regime: Regime
+    regime: Regime = "dedicated"
     blocks: int | None = Field(default=None, gt=0, description="default: per engine, above")
     profile: str = "auto"
-    port: int = 8000
+    port: int = Field(default=8000, gt=0, lt=65536)
     server_url: str | None = Field(
         default=None, description="measure this server (BASE_URL, with or without /v1) "
         "instead of starting the profile's")
-
-    @field_validator("server_url", "external_url")
-    @classmethod
-    def _url(cls, value: str | None) -> str | None:
-        return None if value is None else server_url(value)
     task: str = "fix-median"
     arms: tuple[str, ...] = ("clean", "external", "self")
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, description="the run seed: block order and sampling")
+    seeds: Literal["common", "independent"] = Field(
+        default="common", description="common: the arms of one block share a sampling seed "
+        "(common random numbers; blocks still differ); independent: every arm its own")
+    cache: Literal["shared", "isolated"] = Field(
+        default="shared", description="shared: the arms of a block share the server's prefix "
+        "cache; isolated: a fresh cache_salt per arm and attempt")
+    protocol: Literal["strict", "lenient"] | None = Field(
+        default=None, description="strict: the first protocol (format) error fails the arm, as "
+        "the study did; lenient: mini-swe-agent's terminal statuses count; default strict on GPU "
+        "profiles, lenient on CPU")
+    rewrite_cache: Literal["fresh", "reuse"] = Field(
+        default="fresh", description="fresh: every continuation pays its own rewriting; reuse: "
+        "the task's persistent rewrite cache (hits recorded as hits)")
     run_id: str | None = None
     resume: str | None = None
     recover: bool = False
@@ -47,11 +67,40 @@ class BenchConfig(BaseModel):
     step_limit: int | None = Field(default=None, gt=0)
     results_dir: str = Field(default_factory=lambda: str(results_dir()))
     external_url: str | None = Field(
-        default=None, description="the external compressor's /v1 URL; default on CPU: the "
+        default=None, description="the external compressor's URL; default on CPU: the "
         "embedded Gemma server (cpu-gemma-compressor) on port + 1, started when needed")
     prompt: str = "telegraphic"
-    cache_salt_per_arm: bool = Field(
-        default=False, description="isolate each arm's prefix cache with vLLM's cache_salt")
+
+    @field_validator("server_url", "external_url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        return None if value is None else server_url(value)
+
+    @field_validator("arms")
+    @classmethod
+    def _arms(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if not value:
+            raise ValueError("give at least one arm (ARMS=clean,self)")
+        if len(set(value)) != len(value):
+            raise ValueError(f"arms repeat: {', '.join(value)}")
+        if REFERENCE not in value:
+            raise ValueError("the arms must include clean, the reference every change is paired "
+                             f"against (got {', '.join(value)}); e.g. ARMS=clean,{value[0]}")
+        return value
+
+    def resumed(self, previous: dict[str, object]) -> BenchConfig:
+        """This config with every run-defining setting the user did not give taken from the run
+        being resumed (its manifest's config), so `RESUME=<id>` alone continues the run as it
+        was; a setting given again is kept, and the fingerprint check refuses a change."""
+        taken = {k: previous[k] for k in RUN_SETTINGS
+                 if k not in self.model_fields_set and k in previous}
+        data = {**self.model_dump(exclude_unset=True), **taken}
+        return BenchConfig.model_validate(data)
+
+    def protocol_for(self, profile: Profile) -> Literal["strict", "lenient"]:
+        if self.protocol is not None:
+            return self.protocol
+        return "strict" if profile.engine == "cuda" else "lenient"
 
 
 def regime_users(regime: Regime, profile: Profile) -> int:
@@ -65,3 +114,18 @@ def regime_users(regime: Regime, profile: Profile) -> int:
 
 def default_blocks(regime: Regime, profile: Profile) -> int:
     return DEFAULT_BLOCKS[profile.engine][regime]
+
+
+def derived_seed(run_seed: int, *labels: str | int) -> int:
+    """A seed derived from the run seed and labels (block, arm, attempt): different blocks and
+    attempts get independent seeds, the same labels always the same one."""
+    words = [run_seed, *(lab if isinstance(lab, int) else zlib.crc32(lab.encode())
+                         for lab in labels)]
+    return int(np.random.SeedSequence(words).generate_state(1)[0] % (2**31 - 1))
+
+
+def arm_seed(config: BenchConfig, block: int, arm: str, attempt: str) -> int:
+    """The base sampling seed of one arm's attempt in a block (see `BenchConfig.seeds`)."""
+    if config.seeds == "common":
+        return derived_seed(config.seed, block, attempt)
+    return derived_seed(config.seed, block, attempt, arm)

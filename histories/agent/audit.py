@@ -15,18 +15,28 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import httpx
 from minisweagent.models.utils.actions_toolcall import BASH_TOOL
 
 from common.errors import SuiteError
-from common.net import api_url, server_url
+from common.net import api_url
 from histories.agent.chat import ChatModel, ChatModelConfig
 from histories.agent.continuation import pending_observation
+from histories.agent.tokenizer import Tokenizer
 from histories.format.history import History
 
 
 class AuditError(SuiteError):
-    """The server could not render a request (no /tokenize, or it refused the messages)."""
+    """A history that cannot be audited (it has no fork)."""
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens two prompts share."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 @dataclass(frozen=True)
@@ -72,19 +82,13 @@ def audit(history: History, url: str, *, model: str = "target",
     fork = history.fork.message_index
     request_a = wire.api_messages(history.messages[:fork])
     request_b = wire.api_messages([*history.messages[: fork + 1], pending_observation(history)])
-    root = server_url(url)
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     tools = (history.tools or [BASH_TOOL]) if history.action_protocol == "tool_calls" else None
-    with httpx.Client(timeout=120, headers=headers) as client:
-        tokens_a = _tokenize(client, root, model, request_a, tools)
-        tokens_b = _tokenize(client, root, model, request_b, tools)
-        common = 0
-        for x, y in zip(tokens_a, tokens_b, strict=False):
-            if x != y:
-                break
-            common += 1
-        text_b = _detokenize(client, root, model, tokens_b)
-        divergence = _detokenize(client, root, model, tokens_b[common : common + 12])
+    with Tokenizer(url, model, api_key=api_key) as tokenizer:
+        tokens_a = tokenizer.chat(request_a, tools)
+        tokens_b = tokenizer.chat(request_b, tools)
+        common = common_prefix(tokens_a, tokens_b)
+        text_b = tokenizer.detokenize(tokens_b)
+        divergence = tokenizer.detokenize(tokens_b[common : common + 12])
     blocks = [text for index, text in history.reasoning_blocks() if index <= fork]
     rendered = _norm(text_b)
     kept = [_norm(text)[:200] in rendered for text in blocks if _norm(text)]
@@ -93,22 +97,3 @@ def audit(history: History, url: str, *, model: str = "target",
         tokens_b=len(tokens_b), common_prefix_tokens=common,
         a_is_prefix_of_b=common == len(tokens_a), reasoning_blocks=len(kept),
         reasoning_blocks_kept=sum(kept), kept=kept, divergence_text=divergence)
-
-
-def _tokenize(client: httpx.Client, root: str, model: str, messages: list[dict[str, Any]],
-              tools: list[dict[str, Any]] | None) -> list[int]:
-    body: dict[str, Any] = {"model": model, "messages": messages, "add_generation_prompt": True}
-    if tools:
-        body["tools"] = tools
-    reply = client.post(f"{root}/tokenize", json=body)
-    if reply.status_code != 200:
-        raise AuditError(f"{root}/tokenize answered {reply.status_code}: {reply.text[:300]}")
-    return [int(t) for t in reply.json()["tokens"]]
-
-
-def _detokenize(client: httpx.Client, root: str, model: str, tokens: list[int]) -> str:
-    if not tokens:
-        return ""
-    reply = client.post(f"{root}/detokenize", json={"model": model, "tokens": tokens})
-    reply.raise_for_status()
-    return str(reply.json()["prompt"])

@@ -18,6 +18,8 @@ after its record is kept: the continuation records the arm as failed, nothing is
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import time
 import uuid
@@ -68,7 +70,9 @@ class ChatModelConfig(BaseModel):
     structured_text: bool = False
     temperature: float = 0.0
     max_tokens: int = 512
-    seed: int | None = 0
+    seed: int | None = Field(
+        default=0, description="base sampling seed: the k-th request of a run sends seed + k, "
+        "so requests differ from each other while a repeat with the same base is identical")
     request_timeout_s: float = Field(
         default=1800.0, gt=0, description="inactivity deadline: the longest silence tolerated "
         "on a stream (the first token of a queued request included)")
@@ -111,8 +115,11 @@ class ChatModel:
     def query(self, messages: list[dict[str, Any]], **kwargs: Any) -> dict[str, Any]:
         if self.policy is not None:
             started = self.clock()
+            waited = float(getattr(self.policy, "waited_s", 0.0))
             messages = self.policy.prepare(messages)
-            self.rewrite_s += self.clock() - started
+            # waiting for a compressor server to start is setup, not rewriting
+            waited = float(getattr(self.policy, "waited_s", 0.0)) - waited
+            self.rewrite_s += self.clock() - started - waited
         response = self.request(self.api_messages(messages))
         message = response.message()
         extra: dict[str, Any] = {"request": response.record.to_json(), "cost": 0.0,
@@ -165,15 +172,22 @@ class ChatModel:
             out.append(wire)
         return out
 
-    def request_body(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
-        """The chat-completions body for `messages` (already in wire form), as sent."""
+    def request_seed(self, index: int) -> int | None:
+        """The sampling seed of this model's `index`-th request (from 0)."""
+        return None if self.config.seed is None else self.config.seed + index
+
+    def request_body(self, messages: list[dict[str, Any]], *,
+                     index: int | None = None) -> dict[str, Any]:
+        """The chat-completions body for `messages` (already in wire form), as sent as this
+        model's `index`-th request (default: the next one)."""
+        seed = self.request_seed(len(self.records) if index is None else index)
         body: dict[str, Any] = {
             "model": self.config.model_name, "messages": messages,
             "temperature": self.config.temperature, "max_tokens": self.config.max_tokens,
             "stream": True, "stream_options": {"include_usage": True},
         }
-        if self.config.seed is not None:
-            body["seed"] = self.config.seed
+        if seed is not None:
+            body["seed"] = seed
         if self.config.protocol == "tool_calls":
             body["tools"] = self.config.tools if self.config.tools is not None else [BASH_TOOL]
         elif self.config.structured_text:
@@ -189,8 +203,10 @@ class ChatModel:
         if self.first_body is None:
             self.first_body = request.body
         response = self.client.send(request)
-        record = response.record.labelled(seed=self.config.seed,
-                                          body_sha256=request.body_sha256)
+        reply = json.dumps(response.message(), sort_keys=True, ensure_ascii=False)
+        record = response.record.labelled(seed=self.request_seed(len(self.records)),
+                                          body_sha256=request.body_sha256,
+                                          reply_sha256=hashlib.sha256(reply.encode()).hexdigest())
         self.records.append(record)
         if self.on_request is not None:
             self.on_request(record, request)
@@ -215,10 +231,15 @@ class ChatModel:
 
 def config_for_profile(profile: Profile, url: str, seed: int = 0) -> ChatModelConfig:
     """The agent's model settings for a server profile: native tool calls for models that have
-    them; text actions forced by structured outputs for small models that do not."""
+    them; text actions forced by structured outputs for small models that do not.
+
+    Sampling temperature 1.0 for the forced text protocol: SmolLM2 under forced actions is so
+    peaked that at 0.7 the first postfork reply was the same for 19 of 20 seeds (at 1.0, 11 of
+    20), and blocks are independent repeats only where the sampler can vary."""
     text = not profile.model.tool_calls
     return ChatModelConfig(
         api_url=api_url(url), model_name=profile.model.target_name,
         api_key=os.environ.get("API_KEY") or None,
         protocol="text" if text else "tool_calls", reasoning_mode=profile.model.reasoning,
-        structured_text=text, seed=seed, temperature=0.7, max_tokens=256 if text else 4096)
+        structured_text=text, seed=seed, temperature=1.0 if text else 0.7,
+        max_tokens=256 if text else 4096)

@@ -5,6 +5,11 @@ Setup (a fresh workspace copy, or a decision task's fresh session, and the repla
 history's actions) is timed apart and excluded; postfork marginal time runs from just before the
 first postfork request to the end of local validation (for decision tasks the exact answer
 check), covering model requests, orchestration, tool execution and patch capture.
+
+A continuation never raises for what happens inside it: a failure in setup, the agent loop,
+patch capture or validation is recorded with its phase (`error`, `error_phase`) and the timing
+so far, so the bench always gets a result to record. `gate`, when given, is called once between
+setup and the first request (the bench releases a block's arms together through it).
 """
 
 from __future__ import annotations
@@ -18,12 +23,14 @@ from typing import Any, Literal, cast
 from minisweagent.exceptions import InterruptAgentFlow
 
 from common.timing import Clock, monotonic
-from histories.agent.chat import ChatModel, ChatModelConfig
+from histories.agent.chat import ChatModel, ChatModelConfig, TransportError
 from histories.agent.episode import episode_config, open_episode
 from histories.agent.loop import HistoryAgent
+from histories.agent.tokenizer import Tokenizer, TokenizerError
 from histories.agent.workspace import Validation
 from histories.format.history import History, HistoryError, message_action
 from histories.format.invariant import InvariantError, InvariantReport, compare_bodies
+from histories.format.reasoning import block_text, thought_label
 from histories.policies.base import HistoryPolicy
 from histories.tasks.task import Task
 from loadgen.client import PreparedRequest, RequestRecord, prepare
@@ -46,6 +53,12 @@ class ContinuationResult:
     requests: list[RequestRecord]
     messages: list[dict[str, Any]] = field(repr=False)
     error: str | None = None
+    error_phase: str | None = None  # setup | run | patch | validation
+    format_errors: int = 0  # protocol errors the agent answered (FormatError turns)
+    first_format_error: str | None = None
+    first_body: bytes | None = field(default=None, repr=False)  # the first request as sent
+    reasoning_tokens: int | None = None  # postfork reasoning tokens (see reasoning_source)
+    reasoning_source: str | None = None  # server-usage | tokenizer | None (not recorded)
 
 
 def pending_observation(history: History) -> dict[str, Any]:
@@ -106,47 +119,110 @@ def check_reasoning_only(clean: History, arm: History, config: ChatModelConfig |
                           arm_sha256=sent_a.body_sha256)
 
 
+def _format_errors(messages: list[dict[str, Any]], start: int) -> tuple[int, str | None]:
+    """How many protocol errors the agent answered after message `start`, and the first one."""
+    found = [m for m in messages[start:] if (m.get("extra") or {}).get("interrupt_type")
+             == "FormatError"]
+    first = str(found[0].get("content") or "")[:300] if found else None
+    return len(found), first
+
+
+def _reasoning_tokens(result_messages: list[dict[str, Any]], start: int,
+                      records: list[RequestRecord], config: ChatModelConfig
+                      ) -> tuple[int | None, str | None]:
+    """Postfork reasoning tokens: the server's usage figure where it reports one; for
+    tagged-visible reasoning (the visible thought), the thoughts counted with the server's own
+    tokenizer; None where neither is available."""
+    reported = [r.reasoning_tokens for r in records if r.reasoning_tokens is not None]
+    if reported:
+        return sum(reported), "server-usage"
+    if config.reasoning_mode == "native":
+        return None, None
+    texts = [block_text(m, config.reasoning_mode, config.protocol)
+             for m in result_messages[start:] if m.get("role") == "assistant"]
+    try:
+        with Tokenizer(config.api_url, config.model_name, api_key=config.api_key) as tokenizer:
+            return sum(tokenizer.count(thought_label(t)[1]) for t in texts), "tokenizer"
+    except TokenizerError:
+        return None, None
+
+
 def continue_history(history: History, task: Task, config: ChatModelConfig, *,
                      step_limit: int | None = None, clock: Clock = monotonic,
                      policy: HistoryPolicy | None = None,
                      on_request: Callable[[RequestRecord, PreparedRequest], None] | None = None,
+                     gate: Callable[[], None] | None = None,
                      ) -> ContinuationResult:
-    """Continue `history` from its fork; transport errors are recorded, not raised.
+    """Continue `history` from its fork; failures are recorded, not raised (module docstring).
 
     `policy` (an arm's history policy) prepares the messages before every request; its time is
     reported as `rewrite_s` and excluded from `postfork_s`."""
     if history.fork is None or history.fork.pending_result is None:
-        raise HistoryError(f"history of task {history.task} (arm {history.arm}) has no fork with a "
-                         "pending result; acquire it with `make histories`")
+        raise HistoryError(f"history of task {history.task} (arm {history.arm}) has no fork with "
+                           "a pending result; acquire it with `make histories`")
     task.check_runnable()
     prefix = history.messages[: history.fork.message_index + 1]
-    with open_episode(task, config, step_limit=step_limit) as episode:
-        model = ChatModel(episode.config, clock=clock, policy=policy, on_request=on_request)
-        setup_start = clock()
-        for message in prefix:  # replay: bring the environment to its state at the fork
-            action = message_action(message, history.action_protocol)
-            if action is not None:
-                with contextlib.suppress(InterruptAgentFlow):
-                    episode.env.execute(action)
-        setup_s = clock() - setup_start
-        agent = HistoryAgent(model, episode.env,
-                             seed_messages=[*prefix, pending_observation(history)],
-                             **episode.settings)
-        start = clock()
-        error = None
-        try:
-            result = agent.run(task.spec.issue)
-            status = str(result.get("exit_status", ""))
-            submission = str(result.get("submission", ""))
-        except Exception as exc:  # the per-arm boundary: record the failure, keep the timing
-            error, status, submission = f"{type(exc).__name__}: {exc}", "TransportError", ""
-        patch = episode.patch()
-        validation = episode.validate(submission)
+    seeded = [*prefix, pending_observation(history)]
+    model = ChatModel(episode_config(task, config), clock=clock, policy=policy,
+                      on_request=on_request)
+    error: str | None = None
+    phase: str | None = None
+    status, submission, patch, validation = "SetupError", "", "", None
+    messages: list[dict[str, Any]] = list(seeded)
+    turns, setup_s = 0, 0.0
+    start = ended = clock()
+    released = False
+    try:
+        with open_episode(task, config, step_limit=step_limit) as episode:
+            model.config = episode.config
+            setup_start = clock()
+            try:
+                for message in prefix:  # replay: bring the environment to its state at the fork
+                    action = message_action(message, history.action_protocol)
+                    if action is not None:
+                        with contextlib.suppress(InterruptAgentFlow):
+                            episode.env.execute(action)
+            except Exception as exc:
+                error, phase = f"{type(exc).__name__}: {exc}", "setup"
+            setup_s = clock() - setup_start
+            if gate is not None:
+                released = True
+                gate()
+            start = clock()
+            agent = HistoryAgent(model, episode.env, seed_messages=seeded, **episode.settings)
+            if error is None:
+                try:
+                    result = agent.run(task.spec.issue)
+                    status = str(result.get("exit_status", ""))
+                    submission = str(result.get("submission", ""))
+                except Exception as exc:  # the per-arm boundary: record, keep the timing
+                    error, phase = f"{type(exc).__name__}: {exc}", "run"
+                    status = "TransportError" if isinstance(exc, TransportError) else "AgentError"
+            messages, turns = agent.messages or messages, agent.n_calls
+            try:
+                patch = episode.patch()
+            except Exception as exc:
+                error, phase = error or f"patch capture: {type(exc).__name__}: {exc}", (
+                    phase or "patch")
+            try:
+                validation = episode.validate(submission)
+            except Exception as exc:
+                error, phase = error or f"validation: {type(exc).__name__}: {exc}", (
+                    phase or "validation")
+            ended = clock()
+    except Exception as exc:  # the workspace itself (copy, git init, clean-up) failed
+        error, phase = error or f"{type(exc).__name__}: {exc}", phase or "setup"
         ended = clock()
-        postfork_s = ended - start - model.rewrite_s
+    finally:
+        if gate is not None and not released:
+            gate()  # never leave the block waiting on an arm whose setup failed
         model.close()
+    count, first = _format_errors(messages, len(seeded))
+    reasoning, source = _reasoning_tokens(messages, len(seeded), model.records, model.config)
     return ContinuationResult(
         task=task.id, arm=history.arm, terminal_status=status, submission=submission,
-        turns=agent.n_calls, setup_s=setup_s, postfork_s=postfork_s, rewrite_s=model.rewrite_s,
-        started_s=start, ended_s=ended, validation=validation,
-        patch=patch, requests=list(model.records), messages=agent.messages, error=error)
+        turns=turns, setup_s=setup_s, postfork_s=ended - start - model.rewrite_s,
+        rewrite_s=model.rewrite_s, started_s=start, ended_s=ended, validation=validation,
+        patch=patch, requests=list(model.records), messages=messages, error=error,
+        error_phase=phase, format_errors=count, first_format_error=first,
+        first_body=model.first_body, reasoning_tokens=reasoning, reasoning_source=source)

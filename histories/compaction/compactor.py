@@ -28,6 +28,7 @@ import hashlib
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -198,13 +199,16 @@ class Compactor:
 
     `on_record` receives the record of every compressor request (the bench writes them to the
     run's requests.jsonl); `origin_s` is the run's clock origin, so ledger lines carry `t_s` on
-    the run's clock; `seed` is the base sampling seed of this compactor's drafts.
+    the run's clock; `seed` is the base sampling seed of this compactor's drafts;
+    `before_request` runs before every compressor request (a compressor server started on first
+    use); the time it takes is kept in `waited_s`, apart from rewrite latency.
     """
 
     def __init__(self, config: CompressorConfig, *, cache: CompactionCache | None = None,
                  ledger: Ledger | None = None, clock: Clock = monotonic,
                  on_record: RecordSink | None = None, origin_s: float = 0.0,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None,
+                 before_request: Callable[[], None] | None = None) -> None:
         if config.prompt not in REWRITE_PROMPTS:
             raise ValueError(f"{config.prompt!r} is not a rewrite prompt; use one of "
                              f"{', '.join(REWRITE_PROMPTS)}")
@@ -216,6 +220,8 @@ class Compactor:
         self.on_record = on_record
         self.origin_s = origin_s
         self.seed = seed if seed is not None else config.endpoint.seed
+        self.before_request = before_request
+        self.waited_s = 0.0
 
     def describe(self) -> dict[str, Any]:
         """What an arm's provenance records about its compressor (no API key)."""
@@ -270,6 +276,10 @@ class Compactor:
         endpoint = self.config.endpoint
         for number in range(self.config.max_drafts):
             seed = None if self.seed is None else self.seed + number
+            if self.before_request is not None:
+                waited = self.clock()
+                self.before_request()
+                self.waited_s += self.clock() - waited
             try:
                 got = complete(endpoint, self._messages(user), max_tokens=cap, clock=self.clock,
                                seed=seed, on_record=self.on_record)

@@ -9,17 +9,21 @@ report postfork time with and without rewriting.
 
 Blocks that an arm file already carries (its prefix up to the fork, compacted at the fork) are
 settled and never compacted again; continuing `clean.json` with this policy instead compacts the
-prefix through the shared cache, which yields the same records.
+prefix through the cache, which yields the same records.
+
+Every continuation pays its own rewriting by default: the cache is fresh (in memory) per policy,
+so a block is rewritten once per continuation, never for free because another block or run did
+it. A persistent cache is used only when asked for (`cache=`); its hits are recorded as hits.
+A block whose compaction failed stays raw and is listed in `failures`: the arm's policy did not
+apply, and the bench fails the arm's protocol check with that reason.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from pathlib import Path
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from common.timing import Clock, monotonic
-from histories.compaction.arms import compaction_dir
 from histories.compaction.compactor import (
     CompactionCache,
     CompactionResult,
@@ -27,6 +31,7 @@ from histories.compaction.compactor import (
     CompressorConfig,
     compact_message,
 )
+from histories.compaction.endpoint import RecordSink
 from histories.compaction.ledger import Ledger
 from histories.format.history import History
 from histories.format.reasoning import action_name, block_text, replace_block
@@ -37,12 +42,13 @@ class ContinuousCompaction:
 
     def __init__(self, compactor: Compactor, *, name: str, reasoning_mode: str, protocol: str,
                  settled: Iterable[tuple[int, str]] = (), task: str | None = None,
-                 clock: Clock = monotonic) -> None:
+                 context: dict[str, Any] | None = None, clock: Clock = monotonic) -> None:
         self.compactor = compactor
         self.name = name
         self.reasoning_mode = reasoning_mode
         self.protocol = protocol
         self.task = task
+        self.context = dict(context or {})  # where it runs: block, attempt (ledger lines)
         self.clock = clock
         self._settled = set(settled)
         self._done: dict[tuple[str, str], str] = {}  # (raw block, action) -> block to send
@@ -53,10 +59,29 @@ class ContinuousCompaction:
     def rewrite_s(self) -> float:
         return float(sum(c["rewrite_s"] for c in self.calls))
 
+    @property
+    def waited_s(self) -> float:
+        """Time spent waiting for a compressor server to start (not rewriting: excluded)."""
+        return self.compactor.waited_s
+
+    @property
+    def failures(self) -> list[CompactionResult]:
+        """Blocks the compressor could not rewrite (they were sent raw)."""
+        return [r for r in self.results if r.outcome == "failed"]
+
+    def not_applied(self) -> str | None:
+        """Why the policy did not apply (None: it did): every failed block, counted."""
+        failed = self.failures
+        if not failed:
+            return None
+        return (f"policy {self.name} could not apply: the compressor failed on {len(failed)} of "
+                f"{len(self.results)} blocks (first: {failed[0].error})")
+
     def prepare(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The messages to send: records in place of reasoning blocks; nothing else changes and
         `messages` itself is not mutated."""
         started = self.clock()
+        waited_before = self.compactor.waited_s
         new_blocks = 0
         out = []
         for index, message in enumerate(messages):
@@ -72,8 +97,9 @@ class ContinuousCompaction:
                 new_blocks += 1
                 sent, result = compact_message(
                     self.compactor, message, self.reasoning_mode, self.protocol,
-                    context={"task": self.task, "arm": self.name, "message_index": index,
-                             "phase": "continuation", "request": len(self.calls)})
+                    context={**self.context, "task": self.task, "arm": self.name,
+                             "message_index": index, "phase": "continuation",
+                             "request": len(self.calls)})
                 if result is not None:
                     self.results.append(result)
                 # A failed block stays raw for the rest of the run (recorded once, not retried
@@ -81,26 +107,29 @@ class ContinuousCompaction:
                 self._done[key] = block_text(sent, self.reasoning_mode, self.protocol)
             out.append(replace_block(message, self._done[key], self.reasoning_mode,
                                      self.protocol))
+        waited = self.compactor.waited_s - waited_before
         self.calls.append({"request": len(self.calls), "new_blocks": new_blocks,
-                           "rewrite_s": self.clock() - started})
+                           "rewrite_s": self.clock() - started - waited, "waited_s": waited})
         return out
 
 
 def policy_for(history: History, config: CompressorConfig, *, name: str | None = None,
-               cache_path: str | Path | None = None, ledger_path: str | Path | None = None,
-               history_path: str | Path | None = None,
+               cache: CompactionCache | None = None, ledger: Ledger | None = None,
+               context: dict[str, Any] | None = None, on_record: RecordSink | None = None,
+               origin_s: float = 0.0, seed: int | None = None,
+               before_request: Callable[[], None] | None = None,
                clock: Clock = monotonic) -> ContinuousCompaction:
     """The continuous-compaction policy for continuing `history` (an arm file or clean.json).
 
-    An arm's own blocks are settled (they were compacted at the fork). Cache and ledger default
-    to the task folder's `compaction/` when `history_path` is given, else stay in memory.
-    """
-    folder = compaction_dir(history_path) if history_path is not None else None
-    cache = CompactionCache(cache_path or (folder / "cache.jsonl" if folder else None))
-    ledger = Ledger(ledger_path or (folder / "ledger.jsonl" if folder else None))
+    An arm's own blocks are settled (they were compacted at the fork). The cache is fresh unless
+    one is given; `ledger`, `on_record` (compressor request records), `origin_s` (the run's
+    clock origin) and `context` (block, attempt) say where the rewrites are recorded."""
     settled = history.reasoning_blocks() if history.arm != "clean" else []
+    compactor = Compactor(config, cache=cache if cache is not None else CompactionCache(),
+                          ledger=ledger if ledger is not None else Ledger(), clock=clock,
+                          on_record=on_record, origin_s=origin_s, seed=seed,
+                          before_request=before_request)
     return ContinuousCompaction(
-        Compactor(config, cache=cache, ledger=ledger, clock=clock),
-        name=name or (history.arm if history.arm != "clean" else config.name),
+        compactor, name=name or (history.arm if history.arm != "clean" else config.name),
         reasoning_mode=history.reasoning_mode, protocol=history.action_protocol,
-        settled=settled, task=history.task, clock=clock)
+        settled=settled, task=history.task, context=context, clock=clock)

@@ -10,7 +10,12 @@ import psutil
 import pytest
 
 from common.files import read_jsonl
-from loadgen.background import BackgroundConfig, BackgroundLoad, ReplayOptions
+from loadgen.background import (
+    BackgroundConfig,
+    BackgroundLoad,
+    BackgroundLoadError,
+    ReplayOptions,
+)
 from loadgen.fakeprocess import FakeProcess
 from loadgen.metrics import MetricsSampler
 from serve.launcher import Server
@@ -95,3 +100,29 @@ def test_real_server_has_requests_in_flight(cpu_server: Server, tmp_path: Path) 
     assert max(running) >= 1
     rows = read_jsonl(config.out).objects
     assert rows and all(r["source"] == "background" for r in rows)
+
+
+def test_all_unauthorized_background_is_refused_with_the_fix(fake: FakeProcess,
+                                                            tmp_path: Path) -> None:
+    config = BackgroundConfig(server_url=fake.server_url, users=2, spawn_rate=8,
+                              out=tmp_path / "requests.jsonl", replay=ReplayOptions(
+                                  default_tool_gap_s=0.2, pace_tokens_per_s=2000,
+                                  extra_body={"fake": {"status": 401}}))
+    with BackgroundLoad(config) as load, pytest.raises(BackgroundLoadError) as error:
+        load.wait_steady(timeout_s=30)
+    assert "refused as unauthorized" in str(error.value) and "API_KEY" in str(error.value)
+
+
+def test_the_key_goes_with_every_background_request_and_the_load_lives_until_stopped(
+        fake: FakeProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("API_KEY", "bg-secret")
+    fake.reset()
+    config = BackgroundConfig(server_url=fake.server_url, users=1, spawn_rate=4,
+                              out=tmp_path / "requests.jsonl", replay=FAST)
+    assert config.duration_s is None  # as long as the run: no expiry of its own
+    with BackgroundLoad(config) as load:
+        load.wait_steady(timeout_s=30)
+        time.sleep(3.0)
+        assert load.check().running
+    bodies = fake.requests()
+    assert bodies and all(b["authorization"] == "Bearer bg-secret" for b in bodies)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from common.paths import histories_root
 from histories.format.history import load_history
 from loadgen.background import ReplayOptions
@@ -58,3 +60,16 @@ def test_truncation_keeps_head_and_tool_pairing() -> None:
             if m["role"] == "tool":
                 assert m["tool_call_id"] in call_ids
         assert turn.prompt_tokens_estimate + turn.max_tokens <= 1800
+
+
+def test_turns_without_recorded_time_are_paced_by_the_measured_service_time() -> None:
+    history = load_history(next(p for p in default_history_paths(ROOT) if "vaccine" in str(p)))
+    options = ReplayOptions(measured_ttft_s=0.5, measured_tokens_per_s=50.0)
+    turns = schedule_history(history, "h", options, model="target", max_model_len=8192)
+    sources = {t.planned_source for t in turns}
+    assert sources == {"recorded", "measured"}  # the study recorded only the postfork turns
+    for turn in turns:
+        if turn.planned_source == "measured":
+            assert turn.planned_s == pytest.approx(0.5 + turn.max_tokens / 50.0)
+    assert all(p.name == "clean.json" and p.parent.parent.name == "study"
+               for p in default_history_paths(ROOT))  # never the experimental task's arms

@@ -35,32 +35,56 @@ def lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_dedicated_block_completes_with_three_arms(cpu_server: Server, tmp_path: Path) -> None:
-    done = run_bench(cpu_server, tmp_path, "--regime", "dedicated", "--blocks", "1",
+def test_dedicated_blocks_complete_as_independent_repeats(cpu_server: Server,
+                                                         tmp_path: Path) -> None:
+    done = run_bench(cpu_server, tmp_path, "--regime", "dedicated", "--blocks", "3",
                      "--run-id", "ded")
     assert done.returncode == 0, done.stdout + done.stderr
     run = tmp_path / "ded"
     arms = lines(run / "arms.jsonl")
-    assert sorted(a["arm"] for a in arms) == ["clean", "external", "self"]
+    assert sorted(a["arm"] for a in arms) == sorted(["clean", "external", "self"] * 3)
     assert all(a["status"] == "complete" and a["protocol_ok"] for a in arms), arms
     assert all(a["postfork_s"] > 0 and a["history_tokens"] for a in arms)
+    # different seeds, and different trajectories, across blocks
+    clean = {a["block"]: a for a in arms if a["arm"] == "clean"}
+    assert len({a["seed"] for a in clean.values()}) == 3
+    arm_requests = [r for r in lines(run / "requests.jsonl")
+                    if r["source"] in ("clean", "external", "self")]
+    trajectories: dict[tuple[int, str], list[str]] = {}
+    for r in arm_requests:
+        trajectories.setdefault((r["block"], r["source"]), []).append(r["labels"]["reply_sha256"])
+    by_block = {b: {tuple(t) for (block, _), t in trajectories.items() if block == b}
+                for b in clean}
+    assert len(set().union(*by_block.values())) > 1, trajectories  # not one replay 3 times
+    # the fork's cache state, the tokenizer-counted reasoning, the invariant on the wire
+    assert all(a["fork_cache_state"] in ("cold", "partial", "warm") for a in arms)
+    assert all(a["reasoning_source"] == "tokenizer" and a["reasoning_tokens"] > 0 for a in arms)
+    assert all(a["invariant"]["passed"] for a in arms)
     requests = lines(run / "requests.jsonl")
-    assert {r["source"] for r in requests} == {"clean", "external", "self"}
+    sources = {r["source"] for r in requests}
+    assert {"clean", "external", "self"} <= sources  # and any compressor traffic, recorded:
+    assert sources <= {"clean", "external", "self", "external/compressor", "self/compressor"}
     assert all(r["first_token_s"] >= r["sent_s"] for r in requests if r["status"] == "ok")
     block = lines(run / "blocks.jsonl")[0]
     assert sorted(block["order"]) == ["clean", "external", "self"]
+    assert block["load"]["users"] == 0 and block["invalid_reasons"] == []
     manifest = json.loads((run / "manifest.json").read_text())
     for key in ("config", "server", "packages", "hardware", "git", "histories", "seeds"):
         assert manifest[key], key
     assert manifest["structured_text"] is True
     summary = json.loads((run / "summary.json").read_text())
     dedicated = summary["regimes"]["dedicated"]["arms"]
-    assert dedicated["self"]["blocks_complete"] == 1
+    assert dedicated["self"]["blocks_complete"] == 3
+    assert summary["regimes"]["dedicated"]["fork_cache_states"]["clean"]
     assert 0 <= dedicated["clean"]["cache_hit_rate"] <= 1
     ledger = lines(run / "ledger.jsonl") if (run / "ledger.jsonl").exists() else []
     assert all(e["outcome"] in {"identity-short", "rewritten", "reverted-not-shorter"}
                for e in ledger)
-    assert (run / "report.md").is_file() and (run / "report.html").is_file()
+    report = (run / "report.md").read_text()
+    for heading in ("Background load per block", "Prefix cache at the fork",
+                    "What these numbers can say", "Serving figures (vLLM benchmark names)"):
+        assert f"## {heading}" in report
+    assert (run / "report.html").is_file()
 
 
 def test_overloaded_block_queues_requests(cpu_server: Server, tmp_path: Path) -> None:
@@ -78,3 +102,8 @@ def test_overloaded_block_queues_requests(cpu_server: Server, tmp_path: Path) ->
     assert max(waiting) > 0  # the overload is real: requests queued on the server
     summary = json.loads((run / "summary.json").read_text())
     assert summary["regimes"]["overloaded"]["max_requests_waiting"] > 0
+    (block,) = lines(run / "blocks.jsonl")
+    assert block["invalid_reasons"] == [], block["invalid_reasons"]
+    assert block["load"]["achieved_concurrency"] > 1 and block["load"]["max_waiting"] > 0
+    assert lines(run / "load.jsonl") and all(s["running"] for s in lines(run / "load.jsonl"))
+    assert json.loads((run / "manifest.json").read_text())["service_probe"]["tokens_per_s"] > 0

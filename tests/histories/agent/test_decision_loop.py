@@ -15,11 +15,13 @@ import numpy as np
 import pytest
 
 from bench.run.arm import Arm
-from bench.run.block import run_block
+from bench.run.block import BlockSettings, run_block
+from bench.run.config import BenchConfig
 from bench.run.writer import RunWriter
 from histories.agent.acquisition import AcquisitionError, acquire
 from histories.agent.chat import ChatModelConfig
 from histories.agent.continuation import continue_history
+from histories.compaction.ledger import Ledger
 from histories.format.history import History, load_history, save_history
 from histories.policies.base import CleanPolicy
 from histories.tasks.decision_protocol import structured_regex
@@ -184,8 +186,12 @@ def test_a_bench_block_runs_a_decision_task(fake: FakeProcess, task: Task,
     fake.script([phase_call(task, i) for i in range(fork, len(task.decision.phases))])
     fake.script([reply(f"FINAL: {task.decision.final_answer}")])
     writer = RunWriter(tmp_path, origin=0.0)
-    (record,) = run_block([Arm("clean", history, CleanPolicy)], task=task,
-                          config=tool_config(fake.api_url), regime="idle", block=1,
-                          rng=np.random.default_rng(0), writer=writer)
+    settings = BlockSettings(
+        config=BenchConfig(regime="dedicated", task=task.id, arms=("clean",)), run_id="t",
+        task=task, model=tool_config(fake.api_url), protocol="strict", block_size=16,
+        ledger=Ledger())
+    arm = Arm("clean", history, lambda _: CleanPolicy())
+    (record,) = run_block([arm], settings=settings, regime="dedicated", block=1,
+                          rng=np.random.default_rng(0), writer=writer).records
     assert record.status == "complete" and record.terminal_status == "Submitted"
     assert record.validation is True and record.turns == len(task.decision.phases) - fork + 1

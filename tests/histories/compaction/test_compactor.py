@@ -17,7 +17,7 @@ import pytest
 
 from common.net import free_port
 from common.paths import histories_root
-from histories.compaction.arms import write_arms
+from histories.compaction.arms import compaction_dir, write_arms
 from histories.compaction.compactor import (
     CompactionCache,
     Compactor,
@@ -26,7 +26,13 @@ from histories.compaction.compactor import (
     self_compressor,
 )
 from histories.compaction.endpoint import EndpointConfig
-from histories.compaction.judge import JudgeConfig, gate_failures, judge_block
+from histories.compaction.judge import (
+    GateError,
+    JudgeConfig,
+    check_gate,
+    gate_failures,
+    judge_block,
+)
 from histories.compaction.ledger import Ledger, read_ledger
 from histories.compaction.prompts import load_prompt
 from histories.format.history import Fork, History, load_history, save_history
@@ -222,12 +228,13 @@ def test_compressor_sees_only_the_block_and_the_action_name(fake: Fake,
     arm_history = load_history(tmp_path / "self.json")
     later = [{"role": "user", "content": "PENDING-MARKER"},
              {"role": "assistant", "content": f"THOUGHT: Again {LONG}\n\n```bash\nls\n```"}]
-    policy = policy_for(arm_history, self_compressor(fake.url), history_path=clean_path)
+    cache = CompactionCache(compaction_dir(clean_path) / "cache.jsonl")  # arm writing's cache
+    policy = policy_for(arm_history, self_compressor(fake.url), cache=cache)
     sent = policy.prepare([*arm_history.messages, *later])
     assert len(fake.requests) == 3 and "MARKER" not in fake.sent_text()
-    # continuing clean.json with the policy gives the same request, all from the shared cache
+    # continuing clean.json with the policy gives the same request, all from that cache
     from_clean = policy_for(load_history(clean_path), self_compressor(fake.url),
-                            name="self", history_path=clean_path)
+                            name="self", cache=cache)
     assert from_clean.prepare([*text_history().messages, *later]) == sent
     assert len(fake.requests) == 3
 
@@ -329,3 +336,27 @@ def test_judge_verdicts_and_the_gate(fake: Fake) -> None:
               {"message_index": 4, "missing_required": ["0.05"]}]
     assert gate_failures(blocks, "off") == []
     assert len(gate_failures(blocks, "judge")) == 1 and len(gate_failures(blocks, "strict")) == 2
+
+
+def test_a_repair_that_is_not_shorter_keeps_the_usable_first_draft(fake: Fake) -> None:
+    raw = LONG + " and risk <= 0.05 must hold"
+    fake.queue("Median wrong for 4 items.", " ".join(["rambling"] * 40))
+    got = Compactor(self_compressor(fake.url)).compact(raw, "bash")
+    assert got.outcome == "rewritten" and got.record == "Median wrong for 4 items."
+    assert got.repaired and got.missing_required == ["0.05"]
+
+
+def test_a_draft_after_a_rejected_one_is_sampled_with_a_new_seed(fake: Fake) -> None:
+    echo = load_prompt("telegraphic").text[:200]
+    fake.queue(echo, "Median wrong for 4 items.")
+    got = Compactor(external_compressor(fake.url)).compact(LONG * 10, "bash")
+    assert got.outcome == "rewritten" and got.drafts == 2
+    first, second = fake.requests
+    assert (first["temperature"], second["temperature"]) == (0.0, 0.7)
+    assert second["seed"] == first["seed"] + 1  # never the identical greedy request again
+
+
+def test_a_judge_gate_without_a_judge_refuses_to_start() -> None:
+    with pytest.raises(GateError, match="needs a fidelity judge"):
+        check_gate("judge", None)
+    assert check_gate("off", None) == "off"

@@ -18,7 +18,7 @@ from histories.agent.chat import config_for_profile
 from histories.agent.continuation import check_reasoning_only, continue_history
 from histories.compaction.arms import write_arms
 from histories.compaction.compactor import external_compressor, self_compressor
-from histories.compaction.ledger import read_ledger
+from histories.compaction.ledger import Ledger, read_ledger
 from histories.format.history import load_history, save_history
 from histories.policies.compacting import policy_for
 from histories.tasks.task import load_task
@@ -60,15 +60,17 @@ def test_arms_of_an_acquired_history_and_a_continuously_compacted_continuation(
     assert arm.written, arm.problems
     self_arm = load_history(clean_path.parent / "self.json")
     check_reasoning_only(load_history(clean_path), self_arm)
+    ledger = Ledger(tmp_path / "run-ledger.jsonl")
     policy = policy_for(self_arm, self_compressor(cpu_server.api_url, max_tokens_per_raw_word=2.0),
-                        history_path=clean_path)
+                        ledger=ledger, context={"block": 1, "attempt": "original"})
     result = continue_history(self_arm, task, chat, step_limit=3, policy=policy)
     assert result.error is None, result.error
     assert len(policy.calls) == len(result.requests)  # prepared before every target request
     assert result.rewrite_s == pytest.approx(policy.rewrite_s, abs=0.05)
-    ledger = read_ledger(clean_path.parent / "compaction" / "ledger.jsonl")
-    continued = [r for r in ledger if r["context"].get("phase") == "continuation"]
+    continued = [r for r in read_ledger(tmp_path / "run-ledger.jsonl")
+                 if r["context"].get("phase") == "continuation"]
     assert len(continued) == len(policy.results)
+    assert all(r["context"]["block"] == 1 for r in continued)
 
 
 @pytest.mark.skipif(os.environ.get("COMPBENCH_TEST_GEMMA") != "1",

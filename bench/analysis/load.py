@@ -1,0 +1,126 @@
+"""The background load a block actually ran under, and whether that load was the regime's.
+
+A pure function of the run's records: the background requests sent during the block
+(`requests.jsonl`, source `background`), the server's /metrics samples inside the block's span
+(`metrics.jsonl`) and the bench's samples of the load's own state (`load.jsonl`). The bench calls
+it at every block's end and writes the result into `blocks.jsonl`; analysis recomputes it from
+the raw records, so the two always agree.
+
+A block is invalid, kept on record and left out of the primary analysis, when a regime that has
+background users ran without them: the load was not running at some sample inside the block,
+background requests were refused as unauthorized (HTTP 401/403), more than
+`MAX_BACKGROUND_ERROR_SHARE` of the background requests that ended in the block failed, no
+background activity was recorded at all, or (overloaded only) the server never had a request
+waiting.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from bench.analysis.runfolder import BlockRecord, LoadSample, MetricSample, RunRecords
+from loadgen.request import RequestRecord
+
+MAX_BACKGROUND_ERROR_SHARE = 0.10
+BACKGROUND = "background"
+
+
+@dataclass(frozen=True)
+class BlockLoad:
+    """What one block's background load did. Concurrency is the time-average number of
+    background requests in flight over the block's span; `waiting_share` is the share of
+    /metrics samples inside the span with at least one request waiting."""
+
+    users: int
+    background_requests: int
+    background_ok: int
+    background_errors: int
+    unauthorized: int
+    achieved_concurrency: float | None
+    metrics_samples: int
+    waiting_share: float | None
+    max_waiting: float | None
+    load_samples: int
+    load_stopped_at_s: float | None
+    reasons: tuple[str, ...]
+
+    @property
+    def valid(self) -> bool:
+        return not self.reasons
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _overlap(request: RequestRecord, start: float, end: float) -> float:
+    stop = request.end_s if request.end_s is not None else end
+    return max(0.0, min(stop, end) - max(request.sent_s, start))
+
+
+def block_load(regime: str, users: int, start: float, end: float,
+               requests: list[RequestRecord], metrics: list[MetricSample],
+               load: list[LoadSample]) -> BlockLoad:
+    """The load figures of one block spanning [start, end] on the run clock (see module)."""
+    span = max(end - start, 1e-9)
+    background = [r for r in requests if r.source == BACKGROUND
+                  and r.sent_s <= end and (r.end_s is None or r.end_s >= start)]
+    ended = [r for r in background if r.end_s is not None and start <= r.end_s <= end]
+    ok = [r for r in ended if r.status == "ok"]
+    errors = [r for r in ended if r.status != "ok"]
+    unauthorized = sum(r.http_status in (401, 403) for r in background)
+    inside = [m for m in metrics if start <= m.t_s <= end and m.num_requests_waiting is not None]
+    waiting = [m.num_requests_waiting or 0.0 for m in inside]
+    samples = [s for s in load if start <= s.t_s <= end]
+    stopped = next((s.t_s for s in samples if not s.running), None)
+    reasons: list[str] = []
+    if users:
+        if not samples and not background:
+            reasons.append("no background load was recorded during the block")
+        if stopped is not None:
+            reasons.append(f"the background load was not running at t={stopped:.1f} s")
+        if unauthorized:
+            reasons.append(f"{unauthorized} background requests were refused as unauthorized "
+                           "(HTTP 401/403): is API_KEY set for the load too?")
+        if ended and len(errors) / len(ended) > MAX_BACKGROUND_ERROR_SHARE:
+            reasons.append(f"{len(errors)} of {len(ended)} background requests that ended in the "
+                           f"block failed (more than {MAX_BACKGROUND_ERROR_SHARE:.0%}); first: "
+                           f"{errors[0].error}")
+        if regime == "overloaded" and inside and max(waiting) <= 0:
+            reasons.append("the overloaded block never queued (max requests waiting 0): the "
+                           "background did not fill the server")
+    return BlockLoad(
+        users=users, background_requests=len(background), background_ok=len(ok),
+        background_errors=len(errors), unauthorized=unauthorized,
+        achieved_concurrency=(sum(_overlap(r, start, end) for r in background) / span
+                              if background else (0.0 if users == 0 else None)),
+        metrics_samples=len(inside),
+        waiting_share=(sum(w > 0 for w in waiting) / len(waiting)) if waiting else None,
+        max_waiting=max(waiting) if waiting else None, load_samples=len(samples),
+        load_stopped_at_s=stopped, reasons=tuple(reasons))
+
+
+def regime_users(records: RunRecords) -> int:
+    """Background users the run's regime had, from its manifest (0 where it says none)."""
+    regime = records.manifest.get("regime")
+    users = regime.get("background_users") if isinstance(regime, dict) else None
+    return int(users) if isinstance(users, int) else 0
+
+
+def block_loads(records: RunRecords) -> dict[tuple[str, int], BlockLoad]:
+    """The load of every block with a recorded span (blocks without one, as in imported study
+    runs, have no load figures and no load verdict)."""
+    users = regime_users(records)
+    out = {}
+    for block in records.blocks:
+        if block.started_s is None or block.ended_s is None:
+            continue
+        requests = [r for r in records.requests if r.regime == block.regime]
+        out[(block.regime, block.block)] = block_load(
+            block.regime, users if block.regime != "dedicated" else 0, block.started_s,
+            block.ended_s, requests, list(records.metrics), list(records.load))
+    return out
+
+
+def load_of(block: BlockRecord, loads: dict[tuple[str, int], BlockLoad]) -> BlockLoad | None:
+    return loads.get((block.regime, block.block))

@@ -1,6 +1,8 @@
 # One entry point for the suite. Every target depends on `install`, so a newcomer never runs it
 # by hand. Variables: PROFILE (default: auto, chosen for this machine), PORT, HOST, MODEL,
 # ENGINE (cpu|cuda, default: cuda where nvidia-smi lists a GPU, else cpu), PYTHON.
+# `make serve` only: DRY_RUN=1 prints the exact command, environment and self-check plan and
+# starts nothing; SPEC=1 / EP=1 turn on the opt-in speculative decoding / expert parallelism.
 
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -22,7 +24,8 @@ STAMP := $(VENV)/.installed-$(ENGINE)
 .PHONY: install serve stop profiles test test-unit lint clean help report compare report-study histories bench bench-client
 
 help:
-	@echo "make serve [PROFILE=cpu-tiny] [PORT=8000]   serve target + compressor on one vLLM engine"
+	@echo "make serve [PROFILE=cpu-tiny] [PORT=8000]   serve target + compressor on one vLLM engine, self-checked"
+	@echo "make serve PROFILE=... DRY_RUN=1            print the command, environment and self-check plan only"
 	@echo "make stop [PORT=...]                         stop background servers"
 	@echo "make test                                    unit + integration tests (real vLLM CPU server)"
 	@echo "make lint                                    ruff + mypy"
@@ -51,8 +54,14 @@ $(STAMP): pyproject.toml Makefile
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
+SERVE_FEATURES = $(if $(SPEC),--speculative) $(if $(EP),--expert-parallel)
+
 serve: install
-	$(PY) -m serve.cli run --profile $(PROFILE) --port $(PORT) --host $(HOST) $(if $(MODEL),--model $(MODEL))
+ifdef DRY_RUN
+	$(PY) -m serve.cli show $(PROFILE) --port $(PORT) --host $(HOST) $(if $(MODEL),--model $(MODEL)) $(SERVE_FEATURES)
+else
+	$(PY) -m serve.cli run --profile $(PROFILE) --port $(PORT) --host $(HOST) $(if $(MODEL),--model $(MODEL)) $(SERVE_FEATURES)
+endif
 
 stop: install
 	$(PY) -m serve.cli stop $(if $(filter command line,$(origin PORT)),--port $(PORT))

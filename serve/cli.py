@@ -9,10 +9,20 @@ from typing import Annotated
 import typer
 
 from common.errors import run_cli
-from serve.launcher import Server, ServerConfig, build_command, serve_foreground
+from common.files import write_json_atomic
+from common.paths import run_state_dir
+from serve.command import profile_env, redacted
+from serve.launcher import (
+    Server,
+    ServerConfig,
+    build_command,
+    require_server,
+    serve_foreground,
+)
 from serve.model import resolve_model
 from serve.process import stop_background
-from serve.profile import known_profiles, load_profile, resolve_profile
+from serve.profile import Profile, known_profiles, load_profile, resolve_profile
+from serve.selfcheck import SelfCheckError, SelfCheckReport, run_selfcheck, selfcheck_plan
 
 app = typer.Typer(help="Start, stop and inspect the suite's vLLM servers.", no_args_is_help=True,
                   add_completion=False, pretty_exceptions_enable=False)
@@ -20,6 +30,35 @@ app = typer.Typer(help="Start, stop and inspect the suite's vLLM servers.", no_a
 ProfileOpt = Annotated[
     str, typer.Option(help="profile name or .toml path; 'auto' picks one for this machine")
 ]
+SpecOpt = Annotated[bool | None, typer.Option(
+    "--speculative/--no-speculative", help="opt-in speculative decoding (the profile's MTP / "
+    "EAGLE config); default: as the profile says (off)")]
+EpOpt = Annotated[bool | None, typer.Option(
+    "--expert-parallel/--no-expert-parallel", help="opt-in expert parallelism (TP >= 2); "
+    "default: as the profile says (off)")]
+
+
+def _profile(name: str, speculative: bool | None, expert_parallel: bool | None) -> Profile:
+    return resolve_profile(name).with_features(speculative=speculative,
+                                               expert_parallel=expert_parallel)
+
+
+def _check(server: Server) -> SelfCheckReport:
+    """The serve-time self-check of a healthy server: printed, and kept in .run/ as JSON."""
+    config = server.config
+    path = run_state_dir() / f"selfcheck-{config.port}.json"
+    try:
+        report = run_selfcheck(server.api_url, config.profile, api_key=config.api_key,
+                               command=redacted(server.command))
+    except SelfCheckError as exc:
+        write_json_atomic(path, exc.report.to_json())
+        for line in exc.report.lines():
+            typer.echo(line)
+        raise
+    write_json_atomic(path, report.to_json())
+    for line in report.lines():
+        typer.echo(line)
+    return report
 
 
 @app.command()
@@ -30,19 +69,53 @@ def run(
     model: Annotated[str | None, typer.Option(help="override the profile's model source")] = None,
     background: Annotated[bool, typer.Option(help="return once healthy; `stop` ends it")] = False,
     timeout: Annotated[float, typer.Option(help="seconds to wait for /health", min=1)] = 900.0,
+    selfcheck: Annotated[bool, typer.Option(help="run the self-check once healthy; a failure "
+                                            "stops the server")] = True,
+    speculative: SpecOpt = None,
+    expert_parallel: EpOpt = None,
 ) -> None:
-    """Serve a profile: the target and compressor names from one engine."""
+    """Serve a profile: the target and compressor names from one engine, self-checked."""
     config = ServerConfig(
-        profile=resolve_profile(profile), host=host, port=port, model=model or None,
-        api_key=os.environ.get("API_KEY") or None, ready_timeout_s=timeout,
+        profile=_profile(profile, speculative, expert_parallel), host=host, port=port,
+        model=model or None, api_key=os.environ.get("API_KEY") or None,
+        ready_timeout_s=timeout,
     )
     if not background:
-        raise typer.Exit(serve_foreground(config))
+        raise typer.Exit(serve_foreground(config, after_ready=_check if selfcheck else None))
     server = Server(config)
     server.start()
     server.wait_ready()
+    if selfcheck:
+        try:
+            _check(server)
+        except BaseException:
+            server.stop()
+            raise
     typer.echo(f"serving {', '.join(config.profile.model.served_names)} at {server.api_url} "
                f"(pid {server.process.pid if server.process else '?'}, log {server.log_path})")
+
+
+@app.command()
+def check(
+    profile: ProfileOpt = "auto",
+    port: Annotated[int, typer.Option(help="the local server's port")] = 8000,
+    base_url: Annotated[str | None, typer.Option(help="a server elsewhere (with or without "
+                                                 "/v1); default: 127.0.0.1:PORT")] = None,
+    speculative: SpecOpt = None,
+    expert_parallel: EpOpt = None,
+) -> None:
+    """Self-check a running server against a profile (what `make serve` runs once healthy)."""
+    p = _profile(profile, speculative, expert_parallel)
+    url = base_url or f"http://127.0.0.1:{port}"
+    require_server(url)
+    try:
+        report = run_selfcheck(url, p, api_key=os.environ.get("API_KEY") or None)
+    except SelfCheckError as exc:
+        for line in exc.report.lines():
+            typer.echo(line)
+        raise
+    for line in report.lines():
+        typer.echo(line)
 
 
 @app.command()
@@ -71,15 +144,37 @@ def profiles() -> None:
 
 @app.command()
 def show(profile: Annotated[str, typer.Argument(help="profile name or path")] = "auto",
-         port: int = 8000) -> None:
-    """Print the server command a profile runs (without starting or converting anything)."""
-    p = resolve_profile(profile)
-    typer.echo(f"# {p.name}: {p.description}")
-    typer.echo(f"# regimes: shared {p.regimes.shared_users} users, overloaded "
-               f"{p.overloaded_users} users, max_num_seqs {p.engine_args.max_num_seqs}")
-    for key, value in p.env.items():
-        typer.echo(f"{key}={shlex.quote(value)} \\")
-    typer.echo(shlex.join(build_command(ServerConfig(profile=p, port=port), p.model.source)))
+         port: int = 8000, host: str = "127.0.0.1",
+         model: Annotated[str | None, typer.Option(help="override the model source")] = None,
+         speculative: SpecOpt = None, expert_parallel: EpOpt = None) -> None:
+    """Print the exact server command, its environment and the self-check plan of a profile
+    (`make serve DRY_RUN=1`): nothing is started, converted or downloaded."""
+    p = _profile(profile, speculative, expert_parallel)
+    config = ServerConfig(profile=p, port=port, host=host,
+                          api_key="***" if os.environ.get("API_KEY") else None)
+    f = p.features
+    spec = ("none in the recipe" if f.speculative is None else
+            f"{'ON' if f.speculative.enabled else 'off'} ({f.speculative.config}; SPEC=1 / "
+            "--speculative turns it on)")
+    source = model or p.model.source
+    lines = [f"# {p.name}: {p.description}",
+             f"# model: {source} ({p.model.size_note})"]
+    if not source.startswith("embedded:") and "/" in source and not source.startswith(
+            ("/", ".")):
+        lines.append(f"#   not downloaded at run time; fetch it first: hf download {source}")
+    lines += [
+        f"# vLLM: minimum {p.vllm.minimum} ({p.vllm.minimum_reason})",
+        f"#       pinned {p.vllm.pinned} ({p.vllm.pinned_reason})",
+        f"# opt-in features: speculative decoding {spec}; expert parallelism "
+        f"{'ON' if f.expert_parallel else 'off'}",
+        f"# regimes: shared {p.regimes.shared_users} users, overloaded {p.overloaded_users} "
+        f"users, max_num_seqs {p.engine_args.max_num_seqs}",
+        "# environment and command:"]
+    lines += [f"{key}={shlex.quote(value)} \\" for key, value in profile_env(p).items()]
+    lines.append(shlex.join(build_command(config, source)))
+    lines.append("# self-check, after /health and before any block or sweep:")
+    lines += [f"#   {i}. {line}" for i, line in enumerate(selfcheck_plan(p), 1)]
+    typer.echo("\n".join(lines))
 
 
 @app.command("prepare-model")

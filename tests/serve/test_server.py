@@ -126,6 +126,9 @@ def test_foreground_serve_ctrl_c_stops_every_process(tmp_path: Path) -> None:
         if "== serving" in line or time.monotonic() > deadline:
             break
     assert any("== serving target, compressor" in line for line in log), "".join(log[-20:])
+    # `make serve` prints the self-check's result once the server is up, before the banner
+    assert any("== self-check of" in line and "): passed in" in line for line in log), \
+        "".join(log[-20:])
     assert any("Application startup complete" in line for line in log)  # vLLM's log, echoed
     base = f"http://127.0.0.1:{port}/v1/models"
     assert httpx.get(base, timeout=10).status_code == 401

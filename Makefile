@@ -90,7 +90,9 @@ bench: install
 	  $(if $(RECOVER),--recover) $(if $(LOCUST_WORKERS),--locust-workers $(LOCUST_WORKERS)) \
 	  $(if $(EXTERNAL_URL),--external-url $(EXTERNAL_URL)) $(if $(SEEDS),--seeds $(SEEDS)) \
 	  $(if $(CACHE),--cache $(CACHE)) $(if $(PROTOCOL),--protocol $(PROTOCOL)) \
-	  $(if $(REWRITE_CACHE),--rewrite-cache $(REWRITE_CACHE)) $(if $(SEED),--seed $(SEED))
+	  $(if $(REWRITE_CACHE),--rewrite-cache $(REWRITE_CACHE)) $(if $(SEED),--seed $(SEED)) \
+	  $(if $(filter 0,$(SELFCHECK)),--no-selfcheck) $(if $(SPEC),--speculative) \
+	  $(if $(EP),--expert-parallel)
 
 bench-client: install
 	$(PY) -m loadgen.client_bench

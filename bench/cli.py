@@ -73,6 +73,14 @@ def run(
         help="external compressor URL (default on CPU: embedded Gemma on port+1)")] = None,
     prompt: Annotated[str | None, typer.Option(
         help="frozen rewrite prompt name (default telegraphic)")] = None,
+    selfcheck: Annotated[bool, typer.Option(
+        help="check the server (names, prefix cache, parsers) before the first block")] = True,
+    speculative: Annotated[bool | None, typer.Option(
+        "--speculative/--no-speculative", help="the profile's opt-in speculative decoding")
+    ] = None,
+    expert_parallel: Annotated[bool | None, typer.Option(
+        "--expert-parallel/--no-expert-parallel", help="the profile's opt-in expert parallelism")
+    ] = None,
 ) -> None:
     """Run blocks of arms under a regime; write results/<run-id>/ and its report."""
     from bench.run.runner import run_bench  # heavy imports only for this command
@@ -84,9 +92,11 @@ def run(
                                                      if a.strip()),
              "seed": seed, "run_id": run_id, "resume": resume, "step_limit": step_limit,
              "external_url": external_url, "prompt": prompt, "seeds": seeds, "cache": cache,
-             "protocol": protocol, "rewrite_cache": rewrite_cache}
+             "protocol": protocol, "rewrite_cache": rewrite_cache, "speculative": speculative,
+             "expert_parallel": expert_parallel}
     config = BenchConfig.model_validate({
         "profile": profile, "port": port, "recover": recover, "locust_workers": locust_workers,
+        "selfcheck": selfcheck,
         **{k: v for k, v in given.items() if v is not None}})
     outcome = run_bench(config)
     if outcome.report is not None:

@@ -29,7 +29,8 @@ PLACEBO = "placebo"
 
 # The settings that make a run what it is: a resumed run takes them from its manifest.
 RUN_SETTINGS = ("regime", "task", "arms", "seed", "seeds", "cache", "protocol", "rewrite_cache",
-                "step_limit", "prompt", "blocks", "external_url", "locust_workers")
+                "step_limit", "prompt", "blocks", "external_url", "locust_workers",
+                "speculative", "expert_parallel")
 
 
 class BenchConfig(BaseModel):
@@ -70,6 +71,11 @@ class BenchConfig(BaseModel):
         default=None, description="the external compressor's URL; default on CPU: the "
         "embedded Gemma server (cpu-gemma-compressor) on port + 1, started when needed")
     prompt: str = "telegraphic"
+    selfcheck: bool = Field(default=True, description="run the serve-time self-check before "
+                            "the first block (SELFCHECK=0 skips it; the manifest says so)")
+    speculative: bool | None = Field(default=None, description="SPEC=1: the profile's opt-in "
+                                     "speculative decoding (None: as the profile has it)")
+    expert_parallel: bool | None = Field(default=None, description="EP=1: expert parallelism")
 
     @field_validator("server_url", "external_url")
     @classmethod

@@ -321,6 +321,9 @@ def resumed_config(config: BenchConfig) -> BenchConfig:
 def run_bench(config: BenchConfig, *, stream: TextIO = sys.stderr) -> RunOutcome:
     config = resumed_config(config)
     profile = resolve_profile(config.profile)
+    if config.speculative is not None or config.expert_parallel is not None:
+        profile = profile.with_features(speculative=config.speculative,
+                                        expert_parallel=config.expert_parallel)
     task = load_task(config.task)
     task.check_runnable()
     paths = history_paths(config.task, config.arms)
@@ -336,6 +339,7 @@ def run_bench(config: BenchConfig, *, stream: TextIO = sys.stderr) -> RunOutcome
     with _signals(), server_for(ServerConfig(profile=profile, port=config.port),
                                 config.server_url) as url, \
             _compressors(config, profile, url, run_dir, origin) as compressors:
+        check = _selfcheck(config, url, profile, run_dir)
         arms = build_arms(config, paths, compressors)
         model = config_for_profile(profile, url, config.seed)
         probe = _probe(url, profile, users)
@@ -345,7 +349,8 @@ def run_bench(config: BenchConfig, *, stream: TextIO = sys.stderr) -> RunOutcome
                                       histories=history_hashes(paths), users=users, blocks=total)
             manifest.update({"clock_origin_monotonic": origin, "fingerprint": prints,
                              "structured_text": model.structured_text,
-                             "service_probe": asdict(probe) if probe else None})
+                             "service_probe": asdict(probe) if probe else None,
+                             "selfcheck": check})
             write_json(run_dir / "manifest.json", manifest)
         print(f"[bench] run {run_id}: {config.regime}, {users} background users, blocks "
               f"{len(done)}/{total} already done, arms {', '.join(config.arms)} -> {run_dir}",
@@ -388,6 +393,25 @@ def run_bench(config: BenchConfig, *, stream: TextIO = sys.stderr) -> RunOutcome
             writer.close()
     report = None if not records and not done else write_report(run_dir, seed=config.seed)
     return RunOutcome(run_dir=run_dir, records=records, report=report, aborted=aborted)
+
+
+def _selfcheck(config: BenchConfig, url: str, profile: Profile, run_dir: Path
+               ) -> dict[str, Any]:
+    """The serve-time self-check before any block (serve.selfcheck): its report goes into the
+    manifest; a failure stops the run here, its report kept in `selfcheck.json`."""
+    if not config.selfcheck:
+        return {"skipped": "SELFCHECK=0 / --no-selfcheck: the server was not checked"}
+    import os
+
+    from serve.selfcheck import SelfCheckError, run_selfcheck
+
+    try:
+        report = run_selfcheck(url, profile, api_key=os.environ.get("API_KEY") or None)
+    except SelfCheckError as exc:
+        write_json(run_dir / "selfcheck.json", exc.report.to_json())
+        raise
+    found: dict[str, Any] = report.to_json()
+    return found
 
 
 def _probe(url: str, profile: Profile, users: int) -> ServiceProbe | None:

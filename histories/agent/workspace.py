@@ -1,15 +1,14 @@
-"""A fresh per-run copy of a task's workspace, where agent tool commands run.
+"""A fresh per-run copy of a task's workspace, and the confined environment the agent's commands
+run in (`histories.agent.sandbox`): tool commands, local validation and patch capture alike, so
+code the agent wrote never runs outside the box, not even through a git hook.
 
-Each run gets its own copy (made a git repository so the patch can be captured), commands run
-with a timeout (the whole process group is killed) and their output is capped. The copy is
-removed when the run ends.
+Each run gets its own copy (made a git repository by the suite, before the agent acts, so the
+patch can be captured); the copy is removed when the run ends.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -19,50 +18,51 @@ from typing import Any
 
 from minisweagent.environments.local import LocalEnvironment, LocalEnvironmentConfig
 
+from common.errors import SuiteError
+from histories.agent.sandbox import Sandbox, SandboxLimits
 from histories.tasks.task import Task
 
-# Tool commands get a small, fixed environment: no secrets from the caller's environment.
-SAFE_ENV_KEYS = ("PATH", "LANG", "LC_ALL", "TERM", "TZ")
+PATCH_LIMITS = SandboxLimits(output_cap_chars=2_000_000, output_kill_bytes=32 * 2**20)
+VALIDATION_TAIL_CHARS = 4000
 
 
-class CappedEnvironmentConfig(LocalEnvironmentConfig):
+class WorkspaceError(SuiteError):
+    """The workspace could not give a patch (its git repository is gone or broken)."""
+
+
+class ConfinedEnvironmentConfig(LocalEnvironmentConfig):
     output_cap_chars: int = 4000
 
 
-class CappedEnvironment(LocalEnvironment):
-    """mini-swe-agent's local environment, with a minimal environment (no secrets of the caller)
-    and an output cap."""
+class ConfinedEnvironment(LocalEnvironment):
+    """mini-swe-agent's local environment, with every command run in the workspace's sandbox:
+    same result shape and submission check as mini-swe-agent's."""
 
-    config: CappedEnvironmentConfig
+    config: ConfinedEnvironmentConfig
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(config_class=CappedEnvironmentConfig, **kwargs)
+    def __init__(self, sandbox: Sandbox, **kwargs: Any) -> None:
+        super().__init__(config_class=ConfinedEnvironmentConfig, **kwargs)
+        self.sandbox = sandbox
 
     def execute(self, action: dict[str, Any], cwd: str = "", *,
                 timeout: int | None = None) -> dict[str, Any]:
-        """Run one command; same result shape and submission check as mini-swe-agent's."""
-        env = {k: os.environ[k] for k in SAFE_ENV_KEYS if k in os.environ}
-        env |= {"HOME": self.config.cwd, "PAGER": "cat"} | self.config.env
+        """Run one command confined; report a timeout or an output flood like a failure."""
         limit = timeout or self.config.timeout
-        proc = subprocess.Popen(action.get("command", ""), shell=True, text=True,
-                                cwd=cwd or self.config.cwd, env=env, encoding="utf-8",
-                                errors="replace", stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-        try:
-            text, _ = proc.communicate(timeout=limit)
-            output: dict[str, Any] = {"output": text, "returncode": proc.returncode,
-                                      "exception_info": ""}
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # the whole group: no orphaned children
-            text, _ = proc.communicate()
-            output = {"output": text or "", "returncode": -1,
-                      "exception_info": f"the command timed out after {limit} s and was killed",
-                      "extra": {"exception_type": "TimeoutExpired"}}
-        cap = self.config.output_cap_chars
-        if len(output["output"]) > cap:
-            output["output"] = (output["output"][:cap] + f"\n[output truncated: {cap} of "
-                                f"{len(output['output'])} characters shown]")
+        got = self.sandbox.run(str(action.get("command", "")), timeout_s=limit,
+                               cwd=Path(cwd) if cwd else None)
+        output: dict[str, Any] = {"output": got.output, "returncode": got.returncode,
+                                  "exception_info": ""}
+        if got.timed_out:
+            output["exception_info"] = (f"the command timed out after {limit} s and was "
+                                        "killed with everything it started")
+            output["extra"] = {"exception_type": "TimeoutExpired"}
+        elif got.flooded:
+            output["exception_info"] = (f"the command was killed: its output passed "
+                                        f"{self.sandbox.limits.output_kill_bytes} bytes")
+            output["extra"] = {"exception_type": "OutputFlood"}
+        if got.truncated:
+            output["output"] += (f"\n[output truncated: {len(got.output)} characters of "
+                                 f"{got.total_bytes} bytes shown]")
         self._check_finished(output)
         return output
 
@@ -77,11 +77,15 @@ class Validation:
 class Workspace:
     """`with Workspace(task) as ws:` gives a fresh copy and an environment running in it."""
 
-    def __init__(self, task: Task, base_dir: Path | None = None) -> None:
+    def __init__(self, task: Task, base_dir: Path | None = None,
+                 limits: SandboxLimits | None = None) -> None:
         self.task = task
         self.base_dir = base_dir
+        self.limits = limits or SandboxLimits(output_cap_chars=task.spec.output_cap_chars,
+                                              cpu_s=max(60, 4 * task.spec.command_timeout_s))
         self.path = Path()
-        self.env: CappedEnvironment | None = None
+        self.env: ConfinedEnvironment | None = None
+        self.sandbox: Sandbox | None = None
 
     def __enter__(self) -> Workspace:
         self.path = Path(tempfile.mkdtemp(prefix=f"compbench-{self.task.id}-", dir=self.base_dir))
@@ -91,8 +95,10 @@ class Workspace:
         self._git("add", "-A")
         self._git("-c", "user.name=compbench", "-c", "user.email=compbench@localhost",
                   "commit", "-q", "-m", "task workspace")
-        self.env = CappedEnvironment(cwd=str(self.path), timeout=self.task.spec.command_timeout_s,
-                                     output_cap_chars=self.task.spec.output_cap_chars)
+        self.sandbox = Sandbox(self.path, self.limits)
+        self.env = ConfinedEnvironment(self.sandbox, cwd=str(self.path),
+                                       timeout=self.task.spec.command_timeout_s,
+                                       output_cap_chars=self.task.spec.output_cap_chars)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -100,22 +106,33 @@ class Workspace:
         shutil.rmtree(self.path, ignore_errors=True)
 
     def _git(self, *args: str) -> str:
+        """The suite's own git, run before the agent acts (the copy is not the agent's yet)."""
         result = subprocess.run(["git", *args], cwd=self.path, capture_output=True, text=True,
-                                timeout=60, check=True)
+                                timeout=60, check=True, env={"PATH": "/usr/bin:/bin",
+                                                             "HOME": str(self.path)})
         return result.stdout
 
     def patch(self) -> str:
-        """The agent's changes as a diff against the task's workspace."""
-        self._git("add", "-A")
-        return self._git("diff", "--cached")
+        """The agent's changes as a diff against the task's workspace, taken inside the sandbox
+        (the agent may have planted hooks or an fsmonitor in its repository)."""
+        assert self.sandbox is not None
+        got = self.sandbox.run("git -c core.fsmonitor=false add -A && "
+                               "git -c core.fsmonitor=false diff --cached", timeout_s=60,
+                               limits=PATCH_LIMITS)
+        if got.returncode != 0:
+            raise WorkspaceError(f"git in the workspace failed ({got.returncode}): "
+                                 f"{got.output.strip()[-300:]}")
+        return got.output
 
     def validate(self) -> Validation:
-        """Run the task's local validation command in this copy."""
-        try:
-            result = subprocess.run(self.task.spec.validation, shell=True, cwd=self.path,
-                                    capture_output=True, text=True, check=False,
-                                    timeout=self.task.spec.command_timeout_s * 3)
-        except subprocess.TimeoutExpired as exc:
-            return Validation(False, -1, f"validation timed out: {exc}")
-        return Validation(result.returncode == 0, result.returncode,
-                          (result.stdout + result.stderr)[-4000:])
+        """Run the task's local validation command in this copy, confined like the agent."""
+        assert self.sandbox is not None
+        limits = self.limits.model_copy(update={"output_cap_chars": 200_000})
+        got = self.sandbox.run(self.task.spec.validation,
+                               timeout_s=self.task.spec.command_timeout_s * 3, limits=limits)
+        if got.timed_out:
+            return Validation(False, -1, f"validation timed out after "
+                              f"{self.task.spec.command_timeout_s * 3} s: "
+                              f"{got.output[-VALIDATION_TAIL_CHARS:]}")
+        return Validation(got.returncode == 0, got.returncode,
+                          got.output[-VALIDATION_TAIL_CHARS:])

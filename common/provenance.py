@@ -55,12 +55,21 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def load_average() -> list[float] | None:
+    """The host's 1, 5 and 15 minute load averages (None where the OS has none): on a shared
+    machine, how busy it was while something was measured."""
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except OSError:
+        return None
+
+
 def host_facts() -> dict[str, Any]:
-    """Host name, OS, Python, CPU model and the CPUs this process may run on."""
+    """Host name, OS, Python, CPU model, the CPUs this process may run on, the load now."""
     try:
         usable = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         usable = os.cpu_count() or 0
     return {"hostname": socket.gethostname(), "platform": platform.platform(),
             "python": sys.version.split()[0], "cpu": cpu_model(), "cpu_count": os.cpu_count(),
-            "cpus_usable": usable}
+            "cpus_usable": usable, "load_average": load_average()}

@@ -20,7 +20,7 @@ from typing import Any
 from common.errors import SuiteError
 from common.files import write_json_atomic
 from common.paths import repo_root
-from common.provenance import git_commit, host_facts, package_versions
+from common.provenance import git_commit, host_facts, load_average, package_versions
 
 SCHEMA = "compbench.kernels.results"
 SCHEMA_VERSION = 1
@@ -70,8 +70,10 @@ def new_document(kind: str, device: dict[str, Any], argv: list[str],
 
 
 def write_results(document: dict[str, Any], path: Path) -> Path:
-    """Stamp `finished` and write atomically (strict JSON: non-finite numbers become null)."""
+    """Stamp `finished` (and the host's load average then) and write atomically (strict JSON:
+    non-finite numbers become null)."""
     document["finished"] = now()
+    document["provenance"]["load_average_end"] = load_average()
     write_json_atomic(path, document)
     return path
 

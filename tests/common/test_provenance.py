@@ -21,3 +21,4 @@ def test_package_versions_say_none_for_what_is_missing() -> None:
 def test_host_facts_name_the_cpu() -> None:
     facts = host_facts()
     assert facts["cpu"] and facts["cpus_usable"] >= 1 and facts["python"].count(".") == 2
+    assert facts["load_average"] is None or len(facts["load_average"]) == 3

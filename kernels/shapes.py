@@ -243,8 +243,10 @@ SHAPES: dict[str, ModelShape] = {
         layers=43, hidden=4096, vocab=0, attention="unknown", routed_experts=256,
         shared_experts=1, top_k=6, expert_ffn=2048, weight_bytes=1.0,
         expert_weight_bytes=4.5 / 8, kv_bytes=1.0,
-        notes="FP4 experts and FP8 attention/dense weights, fp8_ds_mla KV cache; attention "
-              "(MLA) dimensions and vocabulary unknown here"),
+        notes="NVFP4 routed experts (4-bit values + an 8-bit scale per 16) and FP8 attention, "
+              "shared expert and router (nvidia/DeepSeek-V4-Flash-NVFP4), fp8 KV cache; the "
+              "shared expert is counted at the experts' bytes; attention (MLA) dimensions and "
+              "vocabulary unknown here"),
 }
 SHAPES["h200x2-deepseek-v4-flash"] = SHAPES["b300-deepseek-v4-flash-nvfp4"]
 

@@ -14,7 +14,9 @@ Contract of `time_op(fn, device, ...)`:
   and large (hundreds of MiB), and flushing it would cost more than most operations timed.
 - A sample may cover `inner` back-to-back calls (divided out) so that operations of a few
   microseconds are not timed at the timer's resolution; `inner` is chosen from one calibration
-  call so that a sample lasts about `target_sample_s`, and is recorded.
+  call so that a sample lasts about `target_sample_s`, and is recorded. With the cache flush
+  on, `inner` stays 1 unless one call takes under 20 us (then the calls after the first in a
+  sample find a warm L2: such an operation's figure is an L2 figure, and `inner` says so).
 
 Every raw sample is kept: summaries (median, p10, p90) are computed from them afterwards.
 """

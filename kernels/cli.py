@@ -1,0 +1,90 @@
+"""`python -m kernels.cli`: measure the device and fit the cost model (`run`, what `make
+kernels` calls), read a results file back as the plan does (`check`), list the physical limits
+table (`limits`), and the GPU device check (`device-check`, what `make kernels-gpu` runs)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from common.errors import run_cli
+
+app = typer.Typer(help="Measured device costs: micro-benchmarks, server probes, cost-model fits.",
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+
+
+@app.command()
+def run(
+    profile: Annotated[str, typer.Option(help="server profile; 'auto': for this machine")] = "auto",
+    port: Annotated[int, typer.Option(help="the profile server's port", min=1, max=65535)] = 8000,
+    base_url: Annotated[str | None, typer.Option(
+        help="probe this server instead (with or without /v1)")] = None,
+    out_dir: Annotated[Path | None, typer.Option(
+        help="where the results file goes (default kernels/results/)")] = None,
+    micro: Annotated[bool, typer.Option(help="run the micro-benchmarks")] = True,
+    probe: Annotated[bool, typer.Option(help="probe the server and fit the cost model")] = True,
+    quick: Annotated[bool, typer.Option(help="a 2-3 level probe (a first look, tests)")] = False,
+    seed: Annotated[int | None, typer.Option(
+        help="prompt generator seed (default: fresh, so no earlier run's cache is hit)")] = None,
+    threads: Annotated[int | None, typer.Option(
+        help="CPU threads for the micro-benchmarks (default 1; see kernels/micro.py)")] = None,
+) -> None:
+    """Micro-benchmarks, server probes and fits; writes kernels/results/<...>.json."""
+    from kernels.calibration import CalibrationConfig, calibrate
+
+    config = CalibrationConfig(profile=profile, port=port, base_url=base_url, out_dir=out_dir,
+                               micro=micro, probe=probe, quick=quick, seed=seed,
+                               threads=threads)
+    calibrate(config, argv=["kernels.cli", *sys.argv[1:]], say=typer.echo)
+
+
+@app.command()
+def check(
+    results: Annotated[Path, typer.Argument(help="a results file (kernels/results/*.json)")],
+    device: Annotated[str | None, typer.Option(
+        help="also predict the measured levels on this GPU (a limits.toml row, e.g. H100) "
+             "through the roofline fit")] = None,
+) -> None:
+    """Load a results file as the capacity plan does; print prediction error per level."""
+    from kernels.costmodel import load
+    from kernels.fitreport import check_lines
+    from kernels.limits import LimitsError, limits_for
+
+    model = load(results)
+    transfer = None
+    if device:
+        limits = limits_for(device)
+        if limits is None:
+            raise LimitsError(f"no row of kernels/limits.toml matches {device!r}; give a "
+                              "name containing B300, H200 or H100")
+        transfer = model.on_device(limits)
+    for line in check_lines(model, transfer):
+        typer.echo(line)
+
+
+@app.command()
+def limits() -> None:
+    """The physical limits table (kernels/limits.toml) with its sources."""
+    from kernels.limits import load_limits
+
+    for row in load_limits():
+        flops = ", ".join(f"{k} {v / 1e12:.0f} TF" for k, v in row.dense_flops.items())
+        typer.echo(f"{row.name}: {row.hbm_bytes_per_s / 1e12:.2f} TB/s; dense {flops}")
+        for source in row.sources:
+            typer.echo(f"    source: {source}")
+
+
+@app.command("device-check", context_settings={"allow_extra_args": True,
+                                               "ignore_unknown_options": True})
+def device_check(ctx: typer.Context) -> None:
+    """The GPU device check (see `kernels/device_check.sh --help`)."""
+    from kernels.devicecheck import main
+
+    raise typer.Exit(main(list(ctx.args)))
+
+
+if __name__ == "__main__":
+    run_cli(app)

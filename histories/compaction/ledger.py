@@ -3,6 +3,10 @@
 Raw records first: a line is written (flushed and fsynced) the moment a block's outcome is
 known, so a crash loses at most the block in flight, and lines already written are never
 rewritten. Summaries (words removed, rewrite time, cost per arm) are computed from the lines.
+
+Compaction calls write `LedgerEntry` lines; the other history policies (entropy pruning,
+deletion, random removal: `histories.policies.edits.PolicyEdit`) write their own lines, marked
+`"kind": "policy"`, to the same ledger, so one file holds every change an arm made.
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from __future__ import annotations
 import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from common.files import append_jsonl, read_jsonl
 
@@ -54,16 +58,25 @@ class LedgerEntry:
         return asdict(self)
 
 
+class LedgerLine(Protocol):
+    """What a ledger holds: a record with an outcome that turns into one JSON line."""
+
+    @property
+    def outcome(self) -> str: ...
+
+    def to_json(self) -> dict[str, Any]: ...
+
+
 class Ledger:
     """Append-only JSONL file (or memory only, with `path=None`). Safe to share between
     threads of one process; several processes may append to one file (one write per line)."""
 
     def __init__(self, path: str | Path | None = None) -> None:
         self.path = Path(path) if path is not None else None
-        self.entries: list[LedgerEntry] = []
+        self.entries: list[LedgerLine] = []
         self._lock = threading.Lock()
 
-    def append(self, entry: LedgerEntry) -> None:
+    def append(self, entry: LedgerLine) -> None:
         with self._lock:
             self.entries.append(entry)
             if self.path is not None:

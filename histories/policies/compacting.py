@@ -16,6 +16,11 @@ so a block is rewritten once per continuation, never for free because another bl
 it. A persistent cache is used only when asked for (`cache=`); its hits are recorded as hits.
 A block whose compaction failed stays raw and is listed in `failures`: the arm's policy did not
 apply, and the bench fails the arm's protocol check with that reason.
+
+Cadence (`every`, the `<compressor>-every-<n>` arms): compaction runs only before a request that
+follows a multiple of `every` assistant turns (turns n, 2n, ...), compacting every block not yet
+compacted; between those requests new blocks are sent raw and earlier records stay in place.
+`every=1` (the `external` and `self` arms) compacts before every request, as the study did.
 """
 
 from __future__ import annotations
@@ -42,8 +47,12 @@ class ContinuousCompaction:
 
     def __init__(self, compactor: Compactor, *, name: str, reasoning_mode: str, protocol: str,
                  settled: Iterable[tuple[int, str]] = (), task: str | None = None,
-                 context: dict[str, Any] | None = None, clock: Clock = monotonic) -> None:
+                 context: dict[str, Any] | None = None, clock: Clock = monotonic,
+                 every: int = 1) -> None:
+        if every < 1:
+            raise ValueError(f"compaction cadence must be at least 1 turn, got {every}")
         self.compactor = compactor
+        self.every = every
         self.name = name
         self.reasoning_mode = reasoning_mode
         self.protocol = protocol
@@ -84,6 +93,8 @@ class ContinuousCompaction:
         waited_before = self.compactor.waited_s
         new_blocks = 0
         out = []
+        turns = sum(m.get("role") == "assistant" for m in messages)
+        compacting = turns % self.every == 0
         for index, message in enumerate(messages):
             if message.get("role") != "assistant":
                 out.append(message)
@@ -93,6 +104,9 @@ class ContinuousCompaction:
                 out.append(message)
                 continue
             key = (block, action_name(message, self.protocol))
+            if key not in self._done and not compacting:
+                out.append(message)  # off the cadence: sent raw until the next compaction
+                continue
             if key not in self._done:
                 new_blocks += 1
                 sent, result = compact_message(
@@ -118,13 +132,15 @@ def policy_for(history: History, config: CompressorConfig, *, name: str | None =
                context: dict[str, Any] | None = None, on_record: RecordSink | None = None,
                origin_s: float = 0.0, seed: int | None = None,
                before_request: Callable[[], None] | None = None,
-               clock: Clock = monotonic) -> ContinuousCompaction:
+               clock: Clock = monotonic, every: int = 1) -> ContinuousCompaction:
     """The continuous-compaction policy for continuing `history` (an arm file or clean.json).
 
-    An arm's own blocks are settled (they were compacted at the fork). The cache is fresh unless
-    one is given; `ledger`, `on_record` (compressor request records), `origin_s` (the run's
-    clock origin) and `context` (block, attempt) say where the rewrites are recorded."""
+    An arm's own blocks are settled (they were compacted at the fork; with a cadence, only the
+    blocks of turns up to the last multiple of `every`). The cache is fresh unless one is given;
+    `ledger`, `on_record` (compressor request records), `origin_s` (the run's clock origin) and
+    `context` (block, attempt) say where the rewrites are recorded."""
     settled = history.reasoning_blocks() if history.arm != "clean" else []
+    settled = settled[:cadence_turns(len(settled), every)]
     compactor = Compactor(config, cache=cache if cache is not None else CompactionCache(),
                           ledger=ledger if ledger is not None else Ledger(), clock=clock,
                           on_record=on_record, origin_s=origin_s, seed=seed,
@@ -132,4 +148,10 @@ def policy_for(history: History, config: CompressorConfig, *, name: str | None =
     return ContinuousCompaction(
         compactor, name=name or (history.arm if history.arm != "clean" else config.name),
         reasoning_mode=history.reasoning_mode, protocol=history.action_protocol,
-        settled=settled, task=history.task, context=context, clock=clock)
+        settled=settled, task=history.task, context=context, clock=clock, every=every)
+
+
+def cadence_turns(turns: int, every: int) -> int:
+    """How many of the first `turns` assistant turns a cadence of `every` has compacted before
+    the next request: those up to the last multiple of `every`."""
+    return turns // every * every

@@ -1,0 +1,84 @@
+"""Arm files of the second paper's policies, written from clean histories: a hand-made native
+one, a real study history (DeepSeek V4 Flash, native reasoning in several segments) and the
+shipped cpu-tiny text-protocol history. Each must pass the reasoning-only invariant."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from common.paths import histories_root
+from histories.compaction.ledger import read_ledger
+from histories.format.history import History, load_history, save_history
+from histories.policies.armfile import scorer_of, settled_of, write_policy_arms
+from histories.policies.scorer import ScorerConfig
+from histories.policies.segments import SKIP, split_segments
+
+VACCINE = (histories_root() / "study" / "deepseek-v4-flash__vaccine-decision-v2__rep-01__seed-"
+           "101000" / "clean.json")
+ARMS = ["entropy", "step-entropy", "delete-all-thinking", "keep-latest", "random-30"]
+
+
+def test_a_real_native_history_pruned_online_at_the_fork(scorer_config: ScorerConfig,
+                                                         tmp_path: Path) -> None:
+    shutil.copy(VACCINE, tmp_path / "clean.json")
+    clean = load_history(tmp_path / "clean.json")
+    [result] = write_policy_arms(tmp_path / "clean.json", ["entropy"], scorer_config)
+    assert result.written, result.problems
+    arm = load_history(tmp_path / "entropy.json")
+    policy = arm.provenance["policy"]
+    sizes = [len(split_segments(m.get("reasoning") or "")) for m in clean.messages
+             if m["role"] == "assistant"]
+    assert sizes == [1, 5, 6]  # the source's three steps
+    assert [e["outcome"] for e in policy["edits"]] == ["single-segment", "pruned", "pruned"]
+    assert [len(e["removed_segments"]) for e in policy["edits"]] == [0, 4, 4]  # floor(0.8 N)
+    pruned = [m["reasoning"] for m in arm.messages if m["role"] == "assistant"]
+    assert pruned[0] == clean.messages[2]["reasoning"]
+    assert [s.text for s in split_segments(pruned[1])].count(SKIP) == 4
+    assert policy["invariant"]["reasoning_fields"] == ["messages[4].reasoning",
+                                                       "messages[6].reasoning"]
+    assert policy["totals"]["scorer_calls"] == 2 and policy["totals"]["scorer_s"] > 0
+    assert policy["scorer"]["device"] == "cpu" and policy["settled"] == [2, 4, 6]
+    assert scorer_of(arm) == scorer_config and settled_of(arm) == [2, 4, 6]
+    for a, b in zip(clean.messages, arm.messages, strict=True):
+        assert {k: v for k, v in a.items() if k != "reasoning"} == {
+            k: v for k, v in b.items() if k != "reasoning"}
+    lines = read_ledger(tmp_path / "compaction" / "ledger.jsonl")
+    assert [line["context"]["phase"] for line in lines] == ["fork"] * 3
+
+
+def test_the_shipped_text_history_gets_every_policy_arm(scorer_config: ScorerConfig,
+                                                        tmp_path: Path) -> None:
+    shutil.copy(histories_root() / "fix-median" / "clean.json", tmp_path / "clean.json")
+    results = write_policy_arms(tmp_path / "clean.json", ARMS, scorer_config, seed=3)
+    assert [r.arm for r in results if r.written] == ARMS, [r.problems for r in results]
+    thoughts = {arm: [m["content"].split("\n\n```")[0] for m in load_history(
+        tmp_path / f"{arm}.json").messages if m["role"] == "assistant"] for arm in ARMS}
+    clean = [m["content"].split("\n\n```")[0] for m in load_history(
+        tmp_path / "clean.json").messages if m["role"] == "assistant"]
+    assert thoughts["entropy"] == thoughts["step-entropy"] == clean  # one line: N = 1
+    assert thoughts["delete-all-thinking"] == ["THOUGHT:", "THOUGHT:"]
+    assert thoughts["keep-latest"] == ["THOUGHT:", clean[1]]  # the fork's own turn is latest
+    assert all(t.startswith("THOUGHT: ") and t != c for t, c in zip(thoughts["random-30"], clean,
+                                                                     strict=True))
+    again = tmp_path / "again"
+    again.mkdir()
+    shutil.copy(tmp_path / "clean.json", again / "clean.json")
+    write_policy_arms(again / "clean.json", ["random-30"], scorer_config, seed=3)
+    assert load_history(again / "random-30.json").messages == load_history(
+        tmp_path / "random-30.json").messages  # seeded: the same tokens go
+    assert settled_of(load_history(tmp_path / "keep-latest.json")) == [2]
+
+
+def test_a_step_over_the_scorer_limit_is_written_unpruned(make_native: Callable[..., History],
+                                                          tmp_path: Path) -> None:
+    save_history(make_native("alpha beta\n\ngamma delta"), tmp_path / "clean.json")
+    tight = ScorerConfig(model="embedded:smollm2-135m-instruct", max_input_tokens=20)
+    [result] = write_policy_arms(tmp_path / "clean.json", ["entropy"], tight)
+    assert result.written
+    edits = load_history(tmp_path / "entropy.json").provenance["policy"]["edits"]
+    assert [e["outcome"] for e in edits] == ["skipped-scorer-limit"]
+    assert "exceeds the limit of 20" in edits[0]["error"]
+    assert load_history(tmp_path / "entropy.json").messages == load_history(
+        tmp_path / "clean.json").messages

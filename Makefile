@@ -34,7 +34,7 @@ help:
 	@echo "make bench-client                            our streaming client's timing accuracy vs vLLM's"
 	@echo "make kernels [BASE_URL=...] [PORT=...]       micro-benchmarks, server probes, cost-model fits"
 	@echo "make kernels-gpu                             GPU device check (kernels/device_check.sh)"
-	@echo "make histories [TASK=...] [BASE_URL=...]     acquire clean histories up to each task's fork"
+	@echo "make histories [TASK=...] [BASE_URL=...] [ARMS=...] [SCORER=...]  acquire clean histories, write arm files"
 	@echo "make report RUN=<run-id>                     analysis + report.md/html of results/<run-id>"
 	@echo "make compare RUNS=\"a b\"                     runs side by side"
 	@echo "make report-study                            the study's B300 blocks, imported and reported"
@@ -83,7 +83,7 @@ lint: install
 
 histories: install
 	$(PY) -m histories.cli acquire --profile $(PROFILE) --port $(PORT) $(if $(TASK),--task $(TASK)) $(if $(BASE_URL),--base-url $(BASE_URL))
-	$(PY) -m histories.cli arms --profile $(PROFILE) --port $(PORT) $(if $(TASK),--task $(TASK)) $(if $(BASE_URL),--base-url $(BASE_URL)) $(if $(EXTERNAL_URL),--external-url $(EXTERNAL_URL))
+	$(PY) -m histories.cli arms --profile $(PROFILE) --port $(PORT) $(if $(TASK),--task $(TASK)) $(if $(BASE_URL),--base-url $(BASE_URL)) $(if $(EXTERNAL_URL),--external-url $(EXTERNAL_URL)) $(if $(ARMS),--arms $(ARMS)) $(if $(SCORER),--scorer $(SCORER))
 
 bench: install
 	$(PY) -m bench.cli run $(if $(REGIME),--regime $(REGIME)) --profile $(PROFILE) --port $(PORT) \
@@ -94,7 +94,7 @@ bench: install
 	  $(if $(CACHE),--cache $(CACHE)) $(if $(PROTOCOL),--protocol $(PROTOCOL)) \
 	  $(if $(REWRITE_CACHE),--rewrite-cache $(REWRITE_CACHE)) $(if $(SEED),--seed $(SEED)) \
 	  $(if $(filter 0,$(SELFCHECK)),--no-selfcheck) $(if $(SPEC),--speculative) \
-	  $(if $(EP),--expert-parallel)
+	  $(if $(EP),--expert-parallel) $(if $(filter 0,$(TOKEN_IDS)),--no-token-ids)
 
 bench-client: install
 	$(PY) -m loadgen.client_bench

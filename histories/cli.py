@@ -8,7 +8,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -33,6 +33,9 @@ from histories.format.export import export_minisweagent
 from histories.format.history import load_history, save_history, write_json
 from histories.format.importers import import_history, write_study_histories
 from histories.format.reasoning import thought_label
+from histories.policies.armfile import write_policy_arms
+from histories.policies.registry import POLICY_ARMS, compressors_needed, parse_arm
+from histories.policies.scorer import scorer_for_profile
 from histories.tasks.task import load_task, runnable_tasks
 from serve.launcher import ServerConfig, server_for
 from serve.profile import EXTERNAL_COMPRESSOR_PROFILE, load_profile, resolve_profile
@@ -44,6 +47,9 @@ app = typer.Typer(help="Agent histories: acquire to a fork, write arms, audit, i
 ProfileOpt = Annotated[str, typer.Option(help="server profile ('auto': for this machine)")]
 UrlOpt = Annotated[str | None, typer.Option(
     "--base-url", help="use this OpenAI-compatible server (with or without /v1)")]
+# `make histories` writes every arm the bench knows by a fixed name, plus the paper's random-30 and
+# a compaction cadence of three turns.
+DEFAULT_ARMS = (*SEED_ARMS, *POLICY_ARMS, "self-every-3")
 RootOpt = Annotated[Path | None, typer.Option(
     help="history files' root (default: data/histories, or $COMPBENCH_HISTORIES)")]
 
@@ -97,7 +103,9 @@ def _needs_compressor(paths: list[Path]) -> bool:
 def arms_cmd(
     task: Annotated[str, typer.Option(help="task id, or 'all' for every runnable task")] = "all",
     root: RootOpt = None,
-    arms: Annotated[str, typer.Option(help="comma-separated: external, self")] = "external,self",
+    arms: Annotated[str, typer.Option(
+        help="comma-separated arm names (clean and placebo need no file and are skipped)")] = (
+        ",".join(DEFAULT_ARMS)),
     profile: Annotated[str, typer.Option(help="the target's profile ('auto')")] = "auto",
     port: int = 8000,
     base_url: UrlOpt = None,
@@ -114,12 +122,20 @@ def arms_cmd(
     judge_url: Annotated[str | None, typer.Option(help="fidelity judge URL")] = None,
     judge_model: str = "judge",
     gate: Annotated[str, typer.Option(help=f"one of {', '.join(GATES)}")] = "off",
+    scorer: Annotated[str | None, typer.Option(
+        help="the entropy arms' proxy model: a local folder, a cached Hugging Face id or "
+        "embedded:<name> (default: the profile's model.scorer; on CPU the served model)")] = None,
+    scorer_device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:1, ...")] = "auto",
+    seed: Annotated[int, typer.Option(help="seed of random-<r> at the fork", min=0)] = 0,
 ) -> None:
-    """Write external.json and self.json beside each task's clean.json (ledger and cache in
-    <task>/compaction/)."""
+    """Write each arm's file beside each task's clean.json: external.json, self.json and
+    <compressor>-every-<n>.json by compaction (ledger and cache in <task>/compaction/), and the
+    second paper's entropy.json, step-entropy.json, delete-all-thinking.json, keep-latest.json,
+    random-<r>.json by their policies."""
     wanted = [a.strip() for a in arms.split(",") if a.strip()]
-    if unknown := [a for a in wanted if a not in SEED_ARMS]:
-        raise SuiteError(f"unknown arm(s) {unknown}; known: {', '.join(SEED_ARMS)}")
+    specs = [parse_arm(a) for a in wanted]  # an unknown name fails here, listing the known
+    compacting = {s.name: s for s in specs if s.kind == "compaction"}
+    stepwise = [s.name for s in specs if s.stepwise]
     if prompt not in REWRITE_PROMPTS:
         raise SuiteError(f"unknown prompt {prompt!r}; use one of {', '.join(REWRITE_PROMPTS)}")
     judge = (JudgeConfig(endpoint=EndpointConfig(api_url=judge_url, model=judge_model))
@@ -132,32 +148,46 @@ def arms_cmd(
         raise SuiteError(f"no clean history at {', '.join(missing)}; acquire first "
                          "(`make histories` or `python -m histories.cli acquire`)")
     target = ServerConfig(profile=resolve_profile(profile), port=port)
+    proxy = (scorer_for_profile(target.profile, scorer, device=scorer_device)
+             if stepwise else None)
     external = ServerConfig(profile=load_profile(external_profile), port=external_port)
-    needed = _needs_compressor(paths)
+    needed = _needs_compressor(paths) if compacting else False
+    used = compressors_needed(list(compacting))
     failed = False
-    with _compressor_url("self" in wanted, needed, target, base_url) as target_url, \
-            _compressor_url("external" in wanted, needed, external, external_url) as ext_url:
-        compressors: dict[str, CompressorConfig] = {}
+    with _compressor_url("self" in used, needed, target, base_url) as target_url, \
+            _compressor_url("external" in used, needed, external, external_url) as ext_url:
+        configs: dict[str, CompressorConfig] = {}
         if ext_url is not None:
             per_word = cap_per_word if cap_per_word or external_url else 2.0
-            compressors["external"] = external_compressor(
+            configs["external"] = external_compressor(
                 ext_url, model=external_model, prompt=prompt, max_tokens_per_raw_word=per_word)
         if target_url is not None:
-            compressors["self"] = self_compressor(
+            configs["self"] = self_compressor(
                 target_url, model=target.profile.model.compressor_name, prompt=prompt,
                 max_tokens_per_raw_word=cap_per_word)
+        compressors = {name: configs[str(s.compressor)] for name, s in compacting.items()}
+        cadence = {name: s.every for name, s in compacting.items()}
         for path in paths:
-            for result in write_arms(path, compressors, judge=judge, gate=chosen_gate):
-                failed |= not result.written
-                status = "written" if result.written else "NOT written"
-                typer.echo(f"{result.path}: {status}; " + json.dumps(
-                    {k: result.totals.get(k) for k in (
-                        "blocks", "rewritten", "identity-short", "reverted-not-shorter",
-                        "failed", "words_in", "words_out", "latency_s")}))
-                for problem in result.problems:
+            results: list[tuple[Path, bool, dict[str, Any], list[str]]] = [
+                (r.path, r.written, r.totals, r.problems) for r in write_arms(
+                    path, compressors, judge=judge, gate=chosen_gate, cadence=cadence)]
+            if proxy is not None:
+                results += [(r.path, r.written, r.totals, r.problems)
+                            for r in write_policy_arms(path, stepwise, proxy, seed=seed)]
+            for where, written, totals, problems in results:
+                failed |= not written
+                status = "written" if written else "NOT written"
+                typer.echo(f"{where}: {status}; " + json.dumps(
+                    {k: v for k, v in totals.items() if k in _SHOWN}))
+                for problem in problems:
                     typer.echo(f"  problem: {problem}", err=True)
     if failed:
         raise typer.Exit(ExitCode.FAILED)
+
+
+_SHOWN = ("blocks", "rewritten", "identity-short", "reverted-not-shorter", "failed", "words_in",
+          "words_out", "latency_s", "steps", "pruned", "single-segment", "skipped-scorer-limit",
+          "deleted", "tokens-removed", "scorer_s", "scorer_tokens")
 
 
 @app.command("audit")

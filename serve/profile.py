@@ -63,6 +63,10 @@ class ModelSpec(_Strict):
     )
     tool_calls: bool = Field(description="whether the agent uses native tool calls")
     size_note: str = ""
+    scorer: str | None = Field(
+        default=None, description="the proxy model of the entropy-pruning arms, run in-process "
+        "with transformers: 'embedded:<name>', a local folder or a cached Hugging Face id (None: "
+        "the served model itself on a CPU profile; on a GPU profile give one here or SCORER=)")
 
     @field_validator("served_names")
     @classmethod

@@ -75,19 +75,27 @@ def totals(results: list[CompactionResult]) -> dict[str, Any]:
 
 
 def compact_history(clean: History, compactor: Compactor, arm: str, *,
-                    judge: JudgeConfig | None = None,
-                    clock: Clock = monotonic) -> tuple[History, list[dict[str, Any]],
-                                                      list[CompactionResult]]:
+                    judge: JudgeConfig | None = None, clock: Clock = monotonic,
+                    every: int = 1) -> tuple[History, list[dict[str, Any]],
+                                             list[CompactionResult]]:
     """The arm `arm` of `clean`: every nonempty assistant reasoning block up to and including
     the fork's compacted; everything else the very same. Returns (history, per-block provenance
-    entries, results). Never raises for compressor trouble: failed blocks stay raw."""
+    entries, results). Never raises for compressor trouble: failed blocks stay raw. With a
+    cadence (`every` > 1) only the blocks of turns up to the last multiple of `every` are
+    compacted: the state the `<compressor>-every-<n>` arm has at the fork."""
     if clean.fork is None:
         raise ValueError(f"task {clean.task}: the clean history has no fork; acquire it first")
     messages: list[dict[str, Any]] = []
     blocks: list[dict[str, Any]] = []
     results: list[CompactionResult] = []
+    turns = sum(m.get("role") == "assistant" for m in clean.messages)
+    compacted_turns, turn = turns // every * every, 0
     for index, message in enumerate(clean.messages):
         if message.get("role") != "assistant":
+            messages.append(message)
+            continue
+        turn += 1
+        if turn > compacted_turns:  # after the cadence's last compaction before the fork
             messages.append(message)
             continue
         context = {"task": clean.task, "arm": arm, "message_index": index, "phase": "fork"}
@@ -113,6 +121,7 @@ def compact_history(clean: History, compactor: Compactor, arm: str, *,
             **copy.deepcopy(clean.provenance),
             "derived_from": {"arm": clean.arm, "content_sha256": clean.content_hash()},
             "compaction": {"compressor": compactor.describe(), "timing": TIMING_NOTE,
+                           **({"every": every} if every > 1 else {}),
                            "compressor_inputs": ["reasoning block", "requested action name"],
                            "blocks": blocks, "totals": totals(results),
                            "judge": judge.model_dump(mode="json") if judge else None},
@@ -123,10 +132,11 @@ def compact_history(clean: History, compactor: Compactor, arm: str, *,
 
 def make_arm(clean: History, arm: str, config: CompressorConfig, *, path: Path,
              cache: CompactionCache, ledger: Ledger, judge: JudgeConfig | None = None,
-             gate: Gate = "off", clock: Clock = monotonic) -> ArmResult:
+             gate: Gate = "off", clock: Clock = monotonic, every: int = 1) -> ArmResult:
     """Build one arm, check it, and write it to `path` only if it passes everything."""
     compactor = Compactor(config, cache=cache, ledger=ledger, clock=clock)
-    history, blocks, results = compact_history(clean, compactor, arm, judge=judge, clock=clock)
+    history, blocks, results = compact_history(clean, compactor, arm, judge=judge, clock=clock,
+                                               every=every)
     problems = [f"message {b['message_index']}: compressor failed: {b['error']}"
                 for b in blocks if b["outcome"] == "failed"]
     report = None
@@ -147,9 +157,11 @@ def make_arm(clean: History, arm: str, config: CompressorConfig, *, path: Path,
 def write_arms(clean_path: str | Path, compressors: Mapping[str, CompressorConfig], *,
                cache_path: str | Path | None = None, ledger_path: str | Path | None = None,
                judge: JudgeConfig | None = None, gate: Gate = "off",
-               clock: Clock = monotonic) -> list[ArmResult]:
+               clock: Clock = monotonic, cadence: Mapping[str, int] | None = None
+               ) -> list[ArmResult]:
     """Write `<arm>.json` beside `clean_path` for each (arm name, compressor), e.g.
-    `{"external": external_compressor(url), "self": self_compressor(target_url)}`.
+    `{"external": external_compressor(url), "self": self_compressor(target_url)}`;
+    `cadence` gives an arm's compaction interval in turns (`{"self-every-3": 3}`), default 1.
 
     The cache (`compaction/cache.jsonl`) and ledger (`compaction/ledger.jsonl`) default to the
     task's folder, so acquisition, arm writing and continuation share them. `clean_path` is
@@ -163,5 +175,6 @@ def write_arms(clean_path: str | Path, compressors: Mapping[str, CompressorConfi
     cache = CompactionCache(cache_path or compaction_dir(clean_path) / "cache.jsonl")
     ledger = Ledger(ledger_path or compaction_dir(clean_path) / "ledger.jsonl")
     return [make_arm(clean, arm, config, path=clean_path.parent / f"{arm}.json", cache=cache,
-                     ledger=ledger, judge=judge, gate=gate, clock=clock)
+                     ledger=ledger, judge=judge, gate=gate, clock=clock,
+                     every=(cadence or {}).get(arm, 1))
             for arm, config in compressors.items()]

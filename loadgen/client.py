@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from common.timing import Clock, monotonic
+from loadgen.prefixhash import prefix_label
 from loadgen.request import PreparedRequest, RequestRecord, Response, prepare
 from loadgen.sse import Dechunker, SSEDecoder
 
@@ -57,6 +58,10 @@ class _Stream:
         self.content: list[str] = []
         self.reasoning: list[str] = []
         self.calls: dict[int, dict[str, Any]] = {}
+        # token ids, where the request asked for them (`return_token_ids`): kept only as the
+        # `kv_prefix` label's unit hashes (loadgen.prefixhash), for cache-break accounting
+        self.prompt_ids: list[int] | None = None
+        self.output_ids: list[int] = []
         self.events = 0
         self.status = "error"
         self.error: str | None = None
@@ -110,7 +115,9 @@ class _Stream:
             reasoning_tokens=_int(completion_details.get("reasoning_tokens"))
             if isinstance(completion_details, dict) else None,
             error=self.error, http_status=self.http_status, finish_reason=self.finish_reason,
-            text_chars=len(content) + len(reasoning))
+            text_chars=len(content) + len(reasoning),
+            labels={"kv_prefix": prefix_label(self.prompt_ids, self.output_ids)}
+            if self.prompt_ids is not None else {})
         calls = tuple(self.calls[i] for i in sorted(self.calls))
         return Response(record=record, content=content, reasoning=reasoning, tool_calls=calls)
 
@@ -284,6 +291,7 @@ class StreamClient:
         if not isinstance(chunk, dict):
             raise ValueError(f"malformed stream event (not an object): {event[:80]!r}")
         choices = chunk.get("choices")
+        _take_prompt_ids(got, chunk)
         if "error" in chunk and not choices:
             raise ValueError(f"server error in stream: {str(chunk['error'])[:300]}")
         if choices is not None and not isinstance(choices, list):
@@ -297,6 +305,7 @@ class StreamClient:
                 raise ValueError(f"malformed stream event ('delta' is not an object): "
                                  f"{event[:80]!r}")
             got.take(delta, now)
+            _take_output_ids(got, choice)
             if isinstance(choice.get("finish_reason"), str):
                 got.finish_reason = choice["finish_reason"]
         if isinstance(chunk.get("usage"), dict):
@@ -314,10 +323,26 @@ class StreamClient:
         if not isinstance(message, dict):
             raise ValueError("the completion's message is not an object")
         got.take(message, got.end_s, stamp=False)
+        _take_prompt_ids(got, body)
+        _take_output_ids(got, choice)
         got.finish_reason = choice.get("finish_reason")
         if isinstance(body.get("usage"), dict):
             got.usage = body["usage"]
         got.status = "ok"
+
+
+def _take_prompt_ids(got: _Stream, chunk: dict[str, Any]) -> None:
+    """The rendered prompt's ids: vLLM sends them once, in the first chunk."""
+    prompt = chunk.get("prompt_token_ids")
+    if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+        got.prompt_ids = prompt
+
+
+def _take_output_ids(got: _Stream, choice: dict[str, Any]) -> None:
+    """A chunk's generated ids."""
+    output = choice.get("token_ids")
+    if isinstance(output, list):
+        got.output_ids.extend(t for t in output if isinstance(t, int))
 
 
 def _open_socket(host: str, port: int, timeout: float) -> socket.socket:

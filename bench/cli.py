@@ -63,7 +63,7 @@ def run(
     ] = None,
     cache: Annotated[str | None, typer.Option(
         help="shared (default): arms share the prefix cache; isolated: a cache_salt per arm "
-        "and attempt")] = None,
+        "and attempt; run: one cache_salt per run (starts cold)")] = None,
     protocol: Annotated[str | None, typer.Option(
         help="strict: the first protocol error fails an arm; lenient (default on CPU)")] = None,
     rewrite_cache: Annotated[str | None, typer.Option(
@@ -81,6 +81,9 @@ def run(
     expert_parallel: Annotated[bool | None, typer.Option(
         "--expert-parallel/--no-expert-parallel", help="the profile's opt-in expert parallelism")
     ] = None,
+    token_ids: Annotated[bool | None, typer.Option(
+        "--token-ids/--no-token-ids", help="ask for each arm request's token ids "
+        "(return_token_ids) for cache-break accounting (default on)")] = None,
 ) -> None:
     """Run blocks of arms under a regime; write results/<run-id>/ and its report."""
     from bench.run.runner import run_bench  # heavy imports only for this command
@@ -93,7 +96,7 @@ def run(
              "seed": seed, "run_id": run_id, "resume": resume, "step_limit": step_limit,
              "external_url": external_url, "prompt": prompt, "seeds": seeds, "cache": cache,
              "protocol": protocol, "rewrite_cache": rewrite_cache, "speculative": speculative,
-             "expert_parallel": expert_parallel}
+             "expert_parallel": expert_parallel, "token_ids": token_ids}
     config = BenchConfig.model_validate({
         "profile": profile, "port": port, "recover": recover, "locust_workers": locust_workers,
         "selfcheck": selfcheck,

@@ -9,7 +9,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.run.config import PLACEBO, REFERENCE
 from common.errors import SuiteError
 from histories.agent.chat import ChatModelConfig
 from histories.agent.continuation import first_request
@@ -20,6 +19,7 @@ from histories.format.history import History
 from histories.format.invariant import InvariantError, compare_bodies
 from histories.policies.base import CleanPolicy, HistoryPolicy
 from histories.policies.compacting import policy_for
+from histories.policies.registry import ArmSpec, parse_arm
 from histories.tasks.task import Task
 
 # Fields a request body may differ in between arms because the run set them on purpose (a
@@ -73,27 +73,60 @@ def fork_rewrite_cost(history: History) -> dict[str, Any]:
 def arm_for(name: str, history: History, *, compressors: Mapping[str, CompressorConfig],
             cache: CompactionCache | None = None,
             before_request: Callable[[], None] | None = None) -> Arm:
-    """`clean` and `placebo` send their history unchanged (placebo is clean's very file under
-    another name); a compaction arm continues its own arm file and compacts each new reasoning
-    block before every request. `cache` (a persistent rewrite cache) only where the run asks to
-    reuse rewrites; by default every attempt pays its own (a fresh cache per policy).
-    `before_request` runs before each compressor request (a compressor started on first use)."""
-    if name in (REFERENCE, PLACEBO):
+    """The arm an `ARMS=` name runs (`histories.policies.registry`).
+
+    `clean` and `placebo` send their history unchanged (placebo is clean's very file under
+    another name). A compaction arm (`external`, `self`, `self-every-3`) continues its own arm
+    file and compacts new reasoning blocks before every request (or every n turns) with its
+    compressor; `cache` (a persistent rewrite cache) only where the run asks to reuse rewrites,
+    by default every attempt pays its own; `before_request` runs before each compressor request
+    (a compressor started on first use). A second-paper arm (`entropy`, `step-entropy`,
+    `delete-all-thinking`, `keep-latest`, `random-30`) continues its own arm file with its
+    stepwise policy, scoring with the scorer the file was written with; the file's fork-time
+    scorer cost is the arm's fork rewrite."""
+    spec = parse_arm(name)
+    if spec.kind == "reference":
         return Arm(name=name, history=history, new_policy=lambda _: CleanPolicy())
-    if name not in compressors:
-        raise ArmError(f"arm '{name}' has no compressor configured; known: "
+    if spec.kind != "compaction":
+        return _stepwise_arm(spec, history)
+    assert spec.compressor is not None
+    if spec.compressor not in compressors:
+        raise ArmError(f"arm '{name}' has no compressor '{spec.compressor}' configured; known: "
                        f"{', '.join(sorted(compressors)) or 'none'}")
-    config = compressors[name]
+    config = compressors[spec.compressor]
 
     def new_policy(context: AttemptContext) -> HistoryPolicy:
         return policy_for(history, config, name=name, cache=cache, ledger=context.ledger,
                           context={"regime": context.regime, "block": context.block,
                                    "attempt": context.attempt},
                           on_record=context.on_record, origin_s=context.origin_s,
-                          seed=context.seed, before_request=before_request)
+                          seed=context.seed, before_request=before_request, every=spec.every)
 
     return Arm(name=name, history=history, new_policy=new_policy,
                fork_rewrite=fork_rewrite_cost(history))
+
+
+def _stepwise_arm(spec: ArmSpec, history: History) -> Arm:
+    from histories.policies.armfile import policy_fork_cost, scorer_of, settled_of
+    from histories.policies.registry import stepwise_policy
+
+    origin = f"arm file of {spec.name} (task {history.task})"
+    if history.arm != spec.name:
+        raise ArmError(f"{origin}: the file is arm {history.arm!r}, not {spec.name!r}; write it "
+                       f"with `python -m histories.cli arms --arms {spec.name}`")
+    scorer, settled = scorer_of(history, origin), settled_of(history, origin)
+
+    def new_policy(context: AttemptContext) -> HistoryPolicy:
+        return stepwise_policy(spec, reasoning_mode=history.reasoning_mode,
+                               protocol=history.action_protocol, scorer=scorer,
+                               seed=context.seed, settled=settled, ledger=context.ledger,
+                               context={"regime": context.regime, "block": context.block,
+                                        "attempt": context.attempt, "task": history.task,
+                                        "arm": spec.name, "phase": "continuation"},
+                               origin_s=context.origin_s)
+
+    return Arm(name=spec.name, history=history, new_policy=new_policy,
+               fork_rewrite=policy_fork_cost(history))
 
 
 @dataclass(frozen=True)

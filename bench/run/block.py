@@ -183,7 +183,7 @@ def run_block(arms: list[Arm], *, settings: BlockSettings, regime: str, block: i
 
     def attempt_config(arm: Arm, seed: int) -> tuple[ChatModelConfig, str | None]:
         salt = (f"{settings.run_id}-b{block}-{arm.name}-{attempt}" if config.cache == "isolated"
-                else None)
+                else settings.run_id if config.cache == "run" else None)
         extra = {**settings.model.extra_body, **({"cache_salt": salt} if salt else {})}
         return settings.model.model_copy(update={"seed": seed, "extra_body": extra}), salt
 

@@ -31,7 +31,7 @@ PLACEBO = "placebo"
 # The settings that make a run what it is: a resumed run takes them from its manifest.
 RUN_SETTINGS = ("regime", "task", "arms", "seed", "seeds", "cache", "protocol", "rewrite_cache",
                 "step_limit", "prompt", "blocks", "external_url", "locust_workers",
-                "speculative", "expert_parallel")
+                "speculative", "expert_parallel", "token_ids")
 
 
 class BenchConfig(BaseModel):
@@ -52,9 +52,11 @@ class BenchConfig(BaseModel):
     seeds: Literal["common", "independent"] = Field(
         default="common", description="common: the arms of one block share a sampling seed "
         "(common random numbers; blocks still differ); independent: every arm its own")
-    cache: Literal["shared", "isolated"] = Field(
+    cache: Literal["shared", "isolated", "run"] = Field(
         default="shared", description="shared: the arms of a block share the server's prefix "
-        "cache; isolated: a fresh cache_salt per arm and attempt")
+        "cache; isolated: a fresh cache_salt per arm and attempt; run: one cache_salt for the "
+        "whole run, so its arms and blocks share a cache that starts cold (nothing from earlier "
+        "runs or other users of the server), which cache-break accounting can predict exactly")
     protocol: Literal["strict", "lenient"] | None = Field(
         default=None, description="strict: the first protocol (format) error fails the arm, as "
         "the study did; lenient: mini-swe-agent's terminal statuses count; default strict on GPU "
@@ -77,6 +79,9 @@ class BenchConfig(BaseModel):
     speculative: bool | None = Field(default=None, description="SPEC=1: the profile's opt-in "
                                      "speculative decoding (None: as the profile has it)")
     expert_parallel: bool | None = Field(default=None, description="EP=1: expert parallelism")
+    token_ids: bool = Field(default=True, description="ask for every arm request's token ids "
+                            "(vLLM's return_token_ids) for cache-break accounting; "
+                            "TOKEN_IDS=0 for a server that refuses the field")
 
     @field_validator("server_url", "external_url")
     @classmethod
@@ -93,6 +98,13 @@ class BenchConfig(BaseModel):
         if REFERENCE not in value:
             raise ValueError("the arms must include clean, the reference every change is paired "
                              f"against (got {', '.join(value)}); e.g. ARMS=clean,{value[0]}")
+        from histories.policies.registry import UnknownArmError, parse_arm
+
+        for name in value:
+            try:
+                parse_arm(name)
+            except UnknownArmError as exc:
+                raise ValueError(str(exc)) from None
         return value
 
     def resumed(self, previous: dict[str, object]) -> BenchConfig:

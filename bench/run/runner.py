@@ -146,8 +146,11 @@ def build_arms(config: BenchConfig, paths: dict[str, Path], compressors: Compres
     cache = None
     if config.rewrite_cache == "reuse":
         cache = CompactionCache(histories_root() / config.task / "compaction" / "cache.jsonl")
+    from histories.policies.registry import parse_arm
+
     return [arm_for(arm, load_history(paths[arm]), compressors=compressors.configs, cache=cache,
-                    before_request=compressors.hooks.get(arm)) for arm in config.arms]
+                    before_request=compressors.hooks.get(parse_arm(arm).compressor or ""))
+            for arm in config.arms]
 
 
 @dataclass
@@ -169,7 +172,9 @@ def _compressors(config: BenchConfig, profile: Profile, target_url: str, run_dir
                          f"{', '.join(REWRITE_PROMPTS)}")
     found = Compressors({"self": self_compressor(
         target_url, model=profile.model.compressor_name, prompt=config.prompt)}, {})
-    if "external" not in config.arms:
+    from histories.policies.registry import compressors_needed
+
+    if "external" not in compressors_needed(config.arms):  # external, external-every-<n>
         yield found
         return
     if config.external_url is not None:
@@ -342,6 +347,9 @@ def run_bench(config: BenchConfig, *, stream: TextIO = sys.stderr) -> RunOutcome
         check = _selfcheck(config, url, profile, run_dir)
         arms = build_arms(config, paths, compressors)
         model = config_for_profile(profile, url, config.seed)
+        if config.token_ids:  # prompt and completion ids come back: cache-break accounting
+            model = model.model_copy(update={"extra_body": {**model.extra_body,
+                                                            "return_token_ids": True}})
         probe = _probe(url, profile, users)
         if manifest is None:
             manifest = build_manifest(config, profile, run_id=run_id, api_url=url,

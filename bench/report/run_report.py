@@ -40,6 +40,7 @@ from bench.report.document import (
     to_html,
     to_markdown,
 )
+from bench.report.policy_report import policy_sections, policy_summary
 from bench.report.sections import serving_sections, trust_sections
 from common.files import write_bytes_atomic, write_json_atomic, write_text_atomic
 
@@ -261,8 +262,8 @@ def build_document(analysis: RunAnalysis, images: Mapping[str, bytes | None]) ->
         tuple(_block_row(analysis, b) for b in analysis.blocks),
         "Changes in parentheses are against the same block's clean arm."))
     return Document(f"Run report: {analysis.run_id}", (
-        run, primary, sensitivity, failures, rewrite, tokens, per_block,
-        *trust_sections(analysis), *serving_sections(analysis, images),
+        run, primary, sensitivity, failures, rewrite, tokens, *policy_sections(analysis),
+        per_block, *trust_sections(analysis), *serving_sections(analysis, images),
     ))
 
 
@@ -299,7 +300,7 @@ def write_analysis(analysis: RunAnalysis, out_dir: Path) -> ReportFiles:
                         tuple(written), table)
     write_text_atomic(files.markdown, to_markdown(document))
     write_text_atomic(files.html, to_html(document))
-    write_json_atomic(files.summary, build_summary(analysis))
+    write_json_atomic(files.summary, {**build_summary(analysis), **policy_summary(analysis)})
     return files
 
 

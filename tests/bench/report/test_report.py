@@ -16,16 +16,17 @@ def test_report_writes_markdown_html_and_images(reported_run: Path) -> None:
     plots = list((reported_run / "plots").iterdir())
     names = sorted(p.name for p in plots)
     assert names == ["cache_rates.png", "latency_cdfs.png", "paired_dots.png",
-                     "server_timeseries.png"]
+                     "policy_pareto.png", "server_timeseries.png"]
     for path in plots:
         assert path.read_bytes().startswith(PNG_MAGIC)
     html = (reported_run / "report.html").read_text()
-    assert html.count("data:image/png;base64,") == 4
+    assert html.count("data:image/png;base64,") == 5
     markdown = (reported_run / "report.md").read_text()
     for name in names:
         assert f"(plots/{name})" in markdown
     for heading in ("Postfork marginal time", "Per-block records", "Request latency",
-                    "Prefix cache", "Server queue and KV cache", "Tokens per continuation"):
+                    "Prefix cache", "Server queue and KV cache", "Tokens per continuation",
+                    "Policy comparison", "Cache-break accounting"):
         assert f"## {heading}" in markdown
 
 

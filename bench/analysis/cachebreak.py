@@ -1,0 +1,290 @@
+"""Cache-break accounting: for every arm request, the prefix-cache hit its rendered prompt
+predicts, beside the `cached_tokens` the server measured, and the cached text each policy throws
+away by rewriting what was already sent.
+
+From the records alone (a pure function of the run folder). Each arm request carries its
+prompt's and completion's token ids as 16-token unit hashes (`loadgen.prefixhash`, vLLM's
+`return_token_ids`). The server's KV block size B comes from the self-check (the server's own
+cache_config), else the profile, else vLLM's default 16. The server caches full B-token blocks:
+
+- a request's prompt blocks, floor(n / B) · B tokens, once its prefill is done (its first token);
+- its prompt and completion, floor((n + m - 1) / B) · B tokens, once it has ended (the last
+  sampled token is never fed back, so its KV is never computed);
+- a cache salt (`CACHE=isolated`) keeps a request to its own salt's blocks.
+
+A request's predicted hit is the longest run of its prompt's leading blocks found in that cache,
+capped at floor((n - 1) / B) · B (vLLM recomputes the last prompt token). `predicted_low` counts
+what was surely cached when the request was sent; `predicted_high` also what other requests
+(arms running side by side) had cached by the time this one's first token came, so the two
+differ only where requests overlapped. A request agrees when the measured hit lies within one
+block of [low, high]. Eviction, and anything cached before the run (by earlier runs, other
+users of a shared server, background load that records no ids), is outside the prediction: a
+request the run's own records cannot explain is listed with its request id, never dropped.
+
+Cache loss, per request after an attempt's first: `reusable` is what the arm's own previous
+request left cached (capped by this prompt), `break_token` the first token (to 16) where this
+prompt departs from the previous prompt and completion, and loss = reusable - the blocks below
+the break (predicted) or - the measured hit (measured). A break before the previous prompt's
+end is in *old text* (a policy rewrote history it had already sent); after it, in the *previous
+reply* (the reply re-rendered, or rewritten as the step just completed).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from bench.analysis.runfolder import REFERENCE_ARM, RunRecords, arm_sort_key, regime_sort_key
+from loadgen.client import RequestRecord
+from loadgen.prefixhash import shared_units
+
+DEFAULT_BLOCK = 16  # vLLM's default KV block size, where neither server nor profile says
+
+
+@dataclass(frozen=True)
+class RequestCache:
+    """One arm request's predicted and measured prefix-cache hit (module docstring)."""
+
+    request_id: str
+    regime: str
+    block: int
+    arm: str
+    attempt: str
+    index: int  # the request's place in its attempt (0: the first postfork request)
+    prompt_tokens: int
+    measured: int
+    predicted_low: int
+    predicted_high: int
+    break_token: int | None = None
+    break_region: str | None = None  # old text | previous reply
+    reusable: int | None = None
+    loss_predicted: int | None = None
+    loss_measured: int | None = None
+    agrees: bool = True
+    exact: bool = True
+
+
+@dataclass(frozen=True)
+class ArmCache:
+    """One arm's requests in one regime, summed."""
+
+    regime: str
+    arm: str
+    n_requests: int  # arm requests in the regime
+    n_checked: int  # with token ids, ok, not truncated
+    n_agree: int
+    n_exact: int
+    prompt_tokens: int
+    measured: int
+    predicted_low: int
+    predicted_high: int
+    loss_predicted: int
+    loss_measured: int
+    loss_old_text: int  # predicted loss where the break fell before the last reply
+    added_vs_clean: tuple[float, ...]  # per block: this arm's measured loss minus clean's
+
+    @property
+    def added_vs_clean_median(self) -> float | None:
+        return float(np.median(self.added_vs_clean)) if self.added_vs_clean else None
+
+
+@dataclass(frozen=True)
+class CacheAccounting:
+    block_size: int
+    block_source: str  # server | profile | default
+    requests: tuple[RequestCache, ...]
+    arms: tuple[ArmCache, ...]
+    unchecked: tuple[tuple[str, str, str], ...]  # (request id, arm, why not checked)
+
+    @property
+    def disagreements(self) -> tuple[RequestCache, ...]:
+        return tuple(r for r in self.requests if not r.agrees)
+
+
+def kv_block_size(manifest: Mapping[str, Any]) -> tuple[int, str]:
+    """(B, where it came from): the self-check's server cache_config, the profile, 16."""
+    def as_int(value: Any) -> int | None:
+        try:
+            found = int(value)
+        except (TypeError, ValueError):
+            return None
+        return found if found > 0 else None
+
+    selfcheck = manifest.get("selfcheck")
+    config = selfcheck.get("cache_config") if isinstance(selfcheck, dict) else None
+    if isinstance(config, dict) and (found := as_int(config.get("block_size"))):
+        return found, "server"
+    server = manifest.get("server")
+    profile = server.get("profile") if isinstance(server, dict) else None
+    engine = profile.get("engine_args") if isinstance(profile, dict) else None
+    if isinstance(engine, dict) and (found := as_int(engine.get("block_size"))):
+        return found, "profile"
+    return DEFAULT_BLOCK, "default"
+
+
+@dataclass(frozen=True)
+class _Prompt:
+    record: RequestRecord
+    arm: str
+    attempt: str
+    domain: str
+    n: int
+    m: int
+    unit: int
+    hashes: tuple[str, ...]
+
+    def boundaries(self, length: int, block: int) -> list[tuple[int, str]]:
+        """(position, hash) of every B-block boundary up to `length` tokens."""
+        out = []
+        for end in range(block, length + 1, block):
+            index = end // self.unit - 1
+            if index >= len(self.hashes):
+                break
+            out.append((end, self.hashes[index]))
+        return out
+
+
+def _prompts(records: RunRecords, arms: Sequence[str], block: int
+             ) -> tuple[list[_Prompt], list[tuple[str, str, str]], dict[str, int]]:
+    salts = {(a.regime, a.block, a.arm, a.attempt): a.cache_salt or "" for a in records.arms}
+    found, unchecked = [], []
+    totals: dict[str, int] = defaultdict(int)
+    for r in records.requests:
+        if r.source not in arms or r.block is None:
+            continue
+        totals[f"{r.regime}\0{r.source}"] += 1
+        label = r.labels.get("kv_prefix")
+        attempt = str(r.labels.get("attempt", "original"))
+        if r.status != "ok" or r.cached_tokens is None or r.prompt_tokens is None:
+            unchecked.append((r.request_id, r.source, "failed or without usage"))
+            continue
+        if not isinstance(label, dict) or not isinstance(label.get("hashes"), list):
+            unchecked.append((r.request_id, r.source, "no token ids (TOKEN_IDS=0, or a server "
+                              "without return_token_ids)"))
+            continue
+        unit, n = int(label.get("unit") or 0), int(label.get("prompt") or 0)
+        if unit <= 0 or block % unit:
+            unchecked.append((r.request_id, r.source, f"hash unit {unit} does not divide the "
+                              f"KV block size {block}"))
+            continue
+        if n != r.prompt_tokens:
+            unchecked.append((r.request_id, r.source, f"prompt truncated or altered: {n} ids "
+                              f"returned, usage says {r.prompt_tokens}"))
+            continue
+        domain = salts.get((r.regime, r.block, r.source, attempt), "")
+        pass_ = str(r.labels.get("block_pass", 1))
+        found.append(_Prompt(r, r.source, f"{attempt}#{pass_}", domain, n,
+                             int(label.get("completion") or 0), unit,
+                             tuple(str(h) for h in label["hashes"])))
+    return found, unchecked, totals
+
+
+def _hit(prompt: _Prompt, cached: set[tuple[int, str]], block: int) -> int:
+    cap = max(prompt.n - 1, 0) // block * block
+    hit = 0
+    for end, digest in prompt.boundaries(cap, block):
+        if (end, digest) not in cached:
+            break
+        hit = end
+    return hit
+
+
+def _predictions(prompts: list[_Prompt], block: int) -> dict[str, tuple[int, int]]:
+    """(low, high) predicted hit per request id: one sweep over time per cache domain, queries
+    before additions at equal times."""
+    out: dict[str, tuple[int, int]] = {}
+    by_domain: dict[str, list[_Prompt]] = defaultdict(list)
+    for p in prompts:
+        by_domain[p.domain].append(p)
+    for group in by_domain.values():
+        events: list[tuple[float, int, int, str]] = []  # (time, 0 query / 1 add, seq, kind)
+        for seq, p in enumerate(group):
+            r = p.record
+            first = r.first_token_s if r.first_token_s is not None else r.end_s or r.sent_s
+            events += [(r.sent_s, 0, seq, "low"), (first, 0, seq, "high"),
+                       (first, 1, seq, "prompt"), (r.end_s or first, 1, seq, "full")]
+        heapq.heapify(events)
+        cached: set[tuple[int, str]] = set()
+        low: dict[int, int] = {}
+        while events:
+            _, _, seq, kind = heapq.heappop(events)
+            p = group[seq]
+            if kind == "low":
+                low[seq] = _hit(p, cached, block)
+            elif kind == "high":
+                out[p.record.request_id] = (low[seq], max(low[seq], _hit(p, cached, block)))
+            else:
+                length = p.n if kind == "prompt" else p.n + p.m - 1
+                cached.update(p.boundaries(length // block * block, block))
+    return out
+
+
+def cache_accounting(records: RunRecords, arms: Sequence[str]) -> CacheAccounting:
+    """Every arm request's predicted and measured hit, and each arm's cache loss."""
+    block, source = kv_block_size(records.manifest)
+    prompts, unchecked, totals = _prompts(records, arms, block)
+    predicted = _predictions(prompts, block)
+    attempts: dict[tuple[str, int, str, str], list[_Prompt]] = defaultdict(list)
+    for p in prompts:
+        attempts[(p.record.regime, p.record.block or 0, p.arm, p.attempt)].append(p)
+    rows: list[RequestCache] = []
+    for (regime, number, arm, attempt), group in attempts.items():
+        group.sort(key=lambda p: p.record.sent_s)
+        for index, p in enumerate(group):
+            low, high = predicted[p.record.request_id]
+            measured = int(p.record.cached_tokens or 0)
+            extra: dict[str, Any] = {}
+            if index:
+                prev = group[index - 1]
+                cap = max(p.n - 1, 0) // block * block
+                shared = shared_units(p.hashes[: p.n // p.unit], prev.hashes) * p.unit
+                reusable = min(max(prev.n + prev.m - 1, 0) // block * block, cap)
+                own = min(shared // block * block, reusable)
+                extra = {"break_token": shared, "reusable": reusable,
+                         # the first differing token lies in [shared, shared + unit)
+                         "break_region": "old text" if shared + p.unit <= prev.n
+                         else "previous reply",
+                         "loss_predicted": reusable - own,
+                         "loss_measured": max(0, reusable - measured)}
+            rows.append(RequestCache(
+                request_id=p.record.request_id, regime=regime, block=number, arm=arm,
+                attempt=attempt.split("#")[0], index=index, prompt_tokens=p.n,
+                measured=measured, predicted_low=low, predicted_high=high,
+                agrees=low - block <= measured <= high + block,
+                exact=low <= measured <= high, **extra))
+    rows.sort(key=lambda r: (regime_sort_key(r.regime), r.block, arm_sort_key(r.arm), r.index))
+    return CacheAccounting(block, source, tuple(rows), _summaries(rows, totals),
+                           tuple(unchecked))
+
+
+def _summaries(rows: list[RequestCache], totals: Mapping[str, int]) -> tuple[ArmCache, ...]:
+    loss: dict[tuple[str, str, int], int] = defaultdict(int)
+    for r in rows:
+        if r.attempt == "original":
+            loss[(r.regime, r.arm, r.block)] += r.loss_measured or 0
+    out = []
+    keys = sorted({(r.regime, r.arm) for r in rows},
+                  key=lambda k: (regime_sort_key(k[0]), arm_sort_key(k[1])))
+    for regime, arm in keys:
+        own = [r for r in rows if (r.regime, r.arm) == (regime, arm)]
+        blocks = sorted({r.block for r in own if r.attempt == "original"})
+        added = tuple(float(loss[(regime, arm, b)] - loss[(regime, REFERENCE_ARM, b)])
+                      for b in blocks if (regime, REFERENCE_ARM, b) in loss)
+        out.append(ArmCache(
+            regime=regime, arm=arm, n_requests=totals.get(f"{regime}\0{arm}", len(own)),
+            n_checked=len(own), n_agree=sum(r.agrees for r in own),
+            n_exact=sum(r.exact for r in own), prompt_tokens=sum(r.prompt_tokens for r in own),
+            measured=sum(r.measured for r in own),
+            predicted_low=sum(r.predicted_low for r in own),
+            predicted_high=sum(r.predicted_high for r in own),
+            loss_predicted=sum(r.loss_predicted or 0 for r in own),
+            loss_measured=sum(r.loss_measured or 0 for r in own),
+            loss_old_text=sum(r.loss_predicted or 0 for r in own
+                              if r.break_region == "old text"),
+            added_vs_clean=() if arm == REFERENCE_ARM else added))
+    return tuple(out)

@@ -1,0 +1,93 @@
+"""Cache-break accounting on a hand-made run folder (real files) whose truth is known: which
+blocks each request finds cached, where a rewrite breaks the prefix, what a salt isolates, and
+which requests cannot be checked or disagree (named by request id)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from bench.analysis.cachebreak import cache_accounting, kv_block_size
+from bench.analysis.runfolder import (
+    ArmRecord,
+    BlockRecord,
+    RequestRecord,
+    read_run,
+    write_json,
+    write_records,
+)
+from loadgen.prefixhash import prefix_label
+
+P0 = list(range(1000, 1070))  # a 70-token prompt
+C0 = list(range(2000, 2010))  # its 10-token reply
+EXTRA = list(range(3000, 3020))
+
+
+def request(rid: str, arm: str, prompt: list[int], completion: list[int], times: tuple[float,
+            float, float], cached: int | None, *, label: bool = True,
+            prompt_tokens: int | None = None) -> RequestRecord:
+    sent, first, end = times
+    labels: dict[str, Any] = {"attempt": "original"}
+    if label:
+        labels["kv_prefix"] = prefix_label(prompt, completion)
+    return RequestRecord(request_id=rid, sent_s=sent, status="ok", source=arm, regime="dedicated",
+                         block=1, first_token_s=first, end_s=end,
+                         prompt_tokens=len(prompt) if prompt_tokens is None else prompt_tokens,
+                         cached_tokens=cached, completion_tokens=len(completion), labels=labels)
+
+
+def write_run(path: Path) -> Path:
+    edited = [*P0[:40], -1, *P0[41:]]  # a policy rewrote token 40 of text it had sent before
+    requests = [
+        request("clean-0", "clean", P0, C0, (0.0, 1.0, 2.0), 0),
+        request("clean-1", "clean", [*P0, *C0, *EXTRA], C0, (3.0, 4.0, 5.0), 64),
+        request("keep-0", "keep", P0, C0, (0.5, 1.5, 2.5), 64),  # ran beside clean-0
+        request("keep-1", "keep", [*edited, *C0, *EXTRA], C0, (6.0, 7.0, 8.0), 32),
+        request("iso-0", "iso", P0, C0, (9.0, 10.0, 11.0), 64),  # its own salt: cold, yet 64
+        request("iso-1", "iso", [*P0, *C0], C0, (12.0, 13.0, 14.0), 64, label=False),
+        request("iso-2", "iso", [*P0, *C0], C0, (15.0, 16.0, 17.0), 64, prompt_tokens=99),
+    ]
+    arms = [ArmRecord("dedicated", 1, arm, "original", "complete", 10.0,
+                      cache_salt="s1" if arm == "iso" else None)
+            for arm in ("clean", "keep", "iso")]
+    write_json(path / "manifest.json", {"run_id": "cb", "arms": ["clean", "keep", "iso"],
+                                        "selfcheck": {"cache_config": {"block_size": "32"}}})
+    write_records(path / "arms.jsonl", arms)
+    write_records(path / "blocks.jsonl", [BlockRecord("dedicated", 1, ("clean", "keep", "iso"),
+                                                      0.0, 20.0)])
+    write_records(path / "requests.jsonl", requests)
+    return path
+
+
+def test_predicted_beside_measured_with_breaks_and_losses(tmp_path: Path) -> None:
+    result = cache_accounting(read_run(write_run(tmp_path / "cb")), ["clean", "keep", "iso"])
+    assert (result.block_size, result.block_source) == (32, "server")
+    rows = {r.request_id: r for r in result.requests}
+    assert (rows["clean-0"].predicted_low, rows["clean-0"].predicted_high) == (0, 0)
+    # prompt and reply of clean-0: floor((70 + 10 - 1) / 32) * 32 = 64 cached once it ended
+    one = rows["clean-1"]
+    assert (one.predicted_low, one.predicted_high, one.measured, one.exact) == (64, 64, 64, True)
+    assert (one.break_token, one.break_region, one.reusable, one.loss_predicted) == (
+        80, "previous reply", 64, 0)
+    # keep-0 was sent before clean-0's first token and started after it: 0 surely, 64 maybe
+    assert (rows["keep-0"].predicted_low, rows["keep-0"].predicted_high) == (0, 64)
+    assert rows["keep-0"].agrees and rows["keep-0"].exact
+    edit = rows["keep-1"]
+    assert (edit.break_token, edit.break_region) == (32, "old text")  # token 40 is in unit 2
+    assert (edit.predicted_low, edit.loss_predicted, edit.loss_measured) == (32, 32, 32)
+    # iso's salt keeps it from the others' blocks: 0 predicted, 64 measured, named by its id
+    assert [r.request_id for r in result.disagreements] == ["iso-0"]
+    assert dict((rid, why.split(" (")[0]) for rid, _, why in result.unchecked) == {
+        "iso-1": "no token ids", "iso-2": "prompt truncated or altered: 80 ids returned, usage "
+                                          "says 99"}
+    summary = {a.arm: a for a in result.arms}
+    assert summary["keep"].added_vs_clean == (32.0,) and summary["keep"].loss_old_text == 32
+    assert summary["clean"].added_vs_clean == () and summary["iso"].n_checked == 1
+    assert summary["iso"].n_requests == 3 and summary["clean"].n_exact == 2
+
+
+def test_block_size_from_server_then_profile_then_vllm_default() -> None:
+    assert kv_block_size({"selfcheck": {"cache_config": {"block_size": "128"}}}) == (128, "server")
+    assert kv_block_size({"server": {"profile": {"engine_args": {"block_size": 256}}}}) == (
+        256, "profile")
+    assert kv_block_size({"selfcheck": {"skipped": "SELFCHECK=0"}}) == (16, "default")

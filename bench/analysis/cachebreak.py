@@ -15,7 +15,8 @@ cache_config), else the profile, else vLLM's default 16. The server caches full 
 A request's predicted hit is the longest run of its prompt's leading blocks found in that cache,
 capped at floor((n - 1) / B) · B (vLLM recomputes the last prompt token). `predicted_low` counts
 what was surely cached when the request was sent; `predicted_high` also what other requests
-(arms running side by side) had cached by the time this one's first token came, so the two
+(arms running side by side) may have cached by the time this one's first token came (their
+prompts, and their replies, which are cached block by block as they are generated), so the two
 differ only where requests overlapped. A request agrees when the measured hit lies within one
 block of [low, high]. Eviction, and anything cached before the run (by earlier runs, other
 users of a shared server, background load that records no ids), is outside the prediction: a
@@ -25,8 +26,9 @@ Cache loss, per request after an attempt's first: `reusable` is what the arm's o
 request left cached (capped by this prompt), `break_token` the first token (to 16) where this
 prompt departs from the previous prompt and completion, and loss = reusable - the blocks below
 the break (predicted) or - the measured hit (measured). A break before the previous prompt's
-end is in *old text* (a policy rewrote history it had already sent); after it, in the *previous
-reply* (the reply re-rendered, or rewritten as the step just completed).
+last unit is in *old text* (a policy rewrote history it had already sent); from there on, in
+the *previous reply* (the reply re-rendered, rewritten as the step just completed, or dropped
+after a format error; the last unit holds the generation prompt the reply was written after).
 """
 
 from __future__ import annotations
@@ -194,33 +196,42 @@ def _hit(prompt: _Prompt, cached: set[tuple[int, str]], block: int) -> int:
     return hit
 
 
+def _sweep(group: list[_Prompt], block: int, *, upper: bool) -> dict[int, int]:
+    """Predicted hit per request (index into `group`), from one pass over time; queries come
+    before additions at equal times. Lower bound: a request is queried when sent, another's
+    prompt counts once its first token came and its reply once it ended. Upper bound: queried at
+    its own first token, another's prompt and whole reply count from that one's first token
+    (blocks of a reply are cached while it is still being generated)."""
+    events: list[tuple[float, int, int]] = []  # (time, 0 query / 1 prompt / 2 reply, index)
+    for index, p in enumerate(group):
+        r = p.record
+        first = r.first_token_s if r.first_token_s is not None else r.end_s or r.sent_s
+        events += [(first if upper else r.sent_s, 0, index), (first, 1, index),
+                   (first if upper else (r.end_s or first), 2, index)]
+    heapq.heapify(events)
+    cached: set[tuple[int, str]] = set()
+    out: dict[int, int] = {}
+    while events:
+        _, kind, index = heapq.heappop(events)
+        p = group[index]
+        if kind == 0:
+            out[index] = _hit(p, cached, block)
+        else:
+            length = p.n if kind == 1 else p.n + p.m - 1
+            cached.update(p.boundaries(length // block * block, block))
+    return out
+
+
 def _predictions(prompts: list[_Prompt], block: int) -> dict[str, tuple[int, int]]:
-    """(low, high) predicted hit per request id: one sweep over time per cache domain, queries
-    before additions at equal times."""
+    """(low, high) predicted hit per request id, per cache domain (salt)."""
     out: dict[str, tuple[int, int]] = {}
     by_domain: dict[str, list[_Prompt]] = defaultdict(list)
     for p in prompts:
         by_domain[p.domain].append(p)
     for group in by_domain.values():
-        events: list[tuple[float, int, int, str]] = []  # (time, 0 query / 1 add, seq, kind)
-        for seq, p in enumerate(group):
-            r = p.record
-            first = r.first_token_s if r.first_token_s is not None else r.end_s or r.sent_s
-            events += [(r.sent_s, 0, seq, "low"), (first, 0, seq, "high"),
-                       (first, 1, seq, "prompt"), (r.end_s or first, 1, seq, "full")]
-        heapq.heapify(events)
-        cached: set[tuple[int, str]] = set()
-        low: dict[int, int] = {}
-        while events:
-            _, _, seq, kind = heapq.heappop(events)
-            p = group[seq]
-            if kind == "low":
-                low[seq] = _hit(p, cached, block)
-            elif kind == "high":
-                out[p.record.request_id] = (low[seq], max(low[seq], _hit(p, cached, block)))
-            else:
-                length = p.n if kind == "prompt" else p.n + p.m - 1
-                cached.update(p.boundaries(length // block * block, block))
+        low, high = _sweep(group, block, upper=False), _sweep(group, block, upper=True)
+        for index, p in enumerate(group):
+            out[p.record.request_id] = (low[index], max(low[index], high[index]))
     return out
 
 
@@ -246,8 +257,10 @@ def cache_accounting(records: RunRecords, arms: Sequence[str]) -> CacheAccountin
                 reusable = min(max(prev.n + prev.m - 1, 0) // block * block, cap)
                 own = min(shared // block * block, reusable)
                 extra = {"break_token": shared, "reusable": reusable,
-                         # the first differing token lies in [shared, shared + unit)
-                         "break_region": "old text" if shared + p.unit <= prev.n
+                         # the first differing token lies in [shared, shared + unit); the
+                         # last unit of the previous prompt (its generation prompt, e.g.
+                         # "<|im_start|>assistant\n") counts as the reply's
+                         "break_region": "old text" if shared + 2 * p.unit <= prev.n
                          else "previous reply",
                          "loss_predicted": reusable - own,
                          "loss_measured": max(0, reusable - measured)}

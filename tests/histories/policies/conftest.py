@@ -37,10 +37,10 @@ def native_history(*reasonings: str, task: str = "hand-made") -> History:
         {"role": "system", "content": "You fix bugs in a small Python repository."},
         {"role": "user", "content": "The median of [1, 2, 3, 4] comes out as 3; fix it."}]
     for number, reasoning in enumerate(reasonings):
+        call = {"name": "bash", "arguments": f'{{"command": "ls {number}"}}'}
         messages.append({"role": "assistant", "content": "", "reasoning": reasoning,
                          "tool_calls": [{"id": f"call-{number}", "type": "function",
-                                         "function": {"name": "bash",
-                                                      "arguments": f'{{"command": "ls {number}"}}'}}]})
+                                         "function": call}]})
         if number < len(reasonings) - 1:
             messages.append({"role": "tool", "tool_call_id": f"call-{number}",
                              "content": f"OBSERVATION-{number}"})

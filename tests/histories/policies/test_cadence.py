@@ -25,7 +25,8 @@ def fake() -> Iterator[FakeProcess]:
 
 
 def turn(number: int) -> dict[str, Any]:
-    return {"role": "assistant", "content": f"THOUGHT: {number} {LONG}\n\n```bash\nls {number}\n```"}
+    return {"role": "assistant",
+            "content": f"THOUGHT: {number} {LONG}\n\n```bash\nls {number}\n```"}
 
 
 def history(turns: int) -> History:
@@ -72,7 +73,7 @@ def test_compaction_runs_before_the_request_after_every_third_turn(fake: FakePro
     fake.reset()
     policy = ContinuousCompaction(Compactor(self_compressor(fake.api_url)), name="self-every-3",
                                   reasoning_mode="tagged-visible", protocol="text", every=3)
-    messages = history(2).messages + [{"role": "user", "content": "OBS 2"}]
+    messages = [*history(2).messages, {"role": "user", "content": "OBS 2"}]
     assert records(policy.prepare(messages)) == [False, False] and fake.requests() == []
     for number in (3, 4, 5, 6):
         messages += [turn(number), {"role": "user", "content": f"OBS {number}"}]

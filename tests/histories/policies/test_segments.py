@@ -40,7 +40,8 @@ def test_native_reasoning_is_the_field_and_the_rest_is_kept() -> None:
 
 
 def test_tagged_visible_thought_keeps_its_label_and_action() -> None:
-    message = {"role": "assistant", "content": "THOUGHT: look first\n\nthen fix\n\n```bash\nls\n```"}
+    message = {"role": "assistant",
+               "content": "THOUGHT: look first\n\nthen fix\n\n```bash\nls\n```"}
     span = reasoning_span(message, "tagged-visible", "text")
     assert (span.before, span.text) == ("THOUGHT: ", "look first\n\nthen fix")
     pruned = with_reasoning(message, span, f"{SKIP}\n\nthen fix", "tagged-visible", "text")

@@ -33,6 +33,27 @@ def _frontier(points: dict[str, tuple[float, float]]) -> list[str]:
     return sorted(keep, key=lambda a: points[a][0])
 
 
+def _label_offsets(points: dict[str, tuple[float, float]], height_pt: float = 280.0
+                   ) -> dict[str, int]:
+    """Vertical label offsets (points) so that labels of arms drawn close together (arms whose
+    histories stayed identical land on one spot) stack at least a line apart."""
+    xs = [x for x, _ in points.values()]
+    ys = [y for _, y in points.values()]
+    span_x = (max(xs) - min(xs)) or 1.0
+    span_y = (max(ys) - min(ys)) or 1.0
+    placed: list[tuple[float, float]] = []  # (x, label height in points)
+    out = {}
+    for arm, (x, y) in sorted(points.items(), key=lambda kv: (kv[1][1], kv[1][0])):
+        base = (y - min(ys)) / span_y * height_pt
+        label = base + 4
+        for other_x, other_label in placed:
+            if abs(x - other_x) < 0.15 * span_x and label < other_label + 11:
+                label = other_label + 11
+        out[arm] = round(label - base)
+        placed.append((x, label))
+    return out
+
+
 def pareto_figure(comparisons: dict[str, PolicyComparison]) -> bytes | None:
     """One panel per regime with complete blocks (see the module docstring)."""
     panels = [c for c in comparisons.values()
@@ -58,9 +79,12 @@ def pareto_figure(comparisons: dict[str, PolicyComparison]) -> bytes | None:
             ax.scatter([x], [y], s=70, marker="D", color=_success_color([c.success for c in
                                                                          drawn]),
                        edgecolors="black", linewidths=0.8, zorder=4)
-            passed = sum(bool(c.success) for c in drawn)
-            ax.annotate(f"{arm} ({passed}/{len(drawn)} ok, n={len(drawn)})", (x, y),
-                        textcoords="offset points", xytext=(6, 4), fontsize=8)
+        labels = _label_offsets(medians)
+        for arm, (x, y) in medians.items():
+            shown = [c for c in comparison.continuations[arm] if c.total_tokens is not None]
+            passed = sum(bool(c.success) for c in shown)
+            ax.annotate(f"{arm} ({passed}/{len(shown)} ok, n={len(shown)})", (x, y),
+                        textcoords="offset points", xytext=(6, labels[arm]), fontsize=8)
         front = _frontier(medians)
         if len(front) > 1:
             ax.plot([medians[a][0] for a in front], [medians[a][1] for a in front],

@@ -102,6 +102,7 @@ class ProxyTokenizer:
         self.source = source
         self.path = _local_path(source)
         self.tokenizer: Any = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
+        self._use = threading.Lock()  # arms share one tokenizer; encode one text at a time
         if not getattr(self.tokenizer, "is_fast", False):
             raise ScorerError(f"proxy scorer model {source!r}: its tokenizer is not a fast "
                               "tokenizer, so token offsets are unknown; use a model with a "
@@ -117,7 +118,8 @@ class ProxyTokenizer:
     def offsets(self, text: str, *, special: bool = False) -> tuple[list[int], list[tuple[int,
                                                                                        int]]]:
         """(token ids, (start, end) character span of each) of `text`."""
-        enc = self.tokenizer(text, add_special_tokens=special, return_offsets_mapping=True)
+        with self._use:
+            enc = self.tokenizer(text, add_special_tokens=special, return_offsets_mapping=True)
         return list(enc["input_ids"]), [(int(a), int(b)) for a, b in enc["offset_mapping"]]
 
     def count(self, text: str) -> int:
@@ -245,7 +247,9 @@ def load_scorer(config: ScorerConfig) -> ProxyScorer:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # the bench's own progress line owns the terminal
     tokenizer = ProxyTokenizer.shared(config.model)
     device = config.device
     if device == "auto":

@@ -94,7 +94,10 @@ bench: install
 	  $(if $(CACHE),--cache $(CACHE)) $(if $(PROTOCOL),--protocol $(PROTOCOL)) \
 	  $(if $(REWRITE_CACHE),--rewrite-cache $(REWRITE_CACHE)) $(if $(SEED),--seed $(SEED)) \
 	  $(if $(filter 0,$(SELFCHECK)),--no-selfcheck) $(if $(SPEC),--speculative) \
-	  $(if $(EP),--expert-parallel)
+	  $(if $(EP),--expert-parallel) $(if $(STREAM_DEADLINE),--stream-deadline $(STREAM_DEADLINE)) \
+	  $(if $(COMPRESSOR_DEADLINE),--compressor-deadline $(COMPRESSOR_DEADLINE)) \
+	  $(if $(ARM_WALL_S),--arm-wall $(ARM_WALL_S)) $(if $(STALL_S),--stall $(STALL_S)) \
+	  $(if $(STEP_LIMIT),--step-limit $(STEP_LIMIT)) $(if $(RUN_ID),--run-id $(RUN_ID))
 
 bench-client: install
 	$(PY) -m loadgen.client_bench

@@ -211,7 +211,8 @@ def run_block(arms: list[Arm], *, settings: BlockSettings, regime: str, block: i
 
             result = continue_history(
                 arm.history, settings.task, arm_config, step_limit=config.step_limit,
-                clock=clock, policy=policy, on_request=record_request, gate=gate)
+                clock=clock, policy=policy, on_request=record_request, gate=gate,
+                wall_time_s=config.arm_wall_s)
             record = arm_record(arm, result, policy=policy, wire=wire, settings=settings,
                                 regime=regime, block=block, attempt=attempt, seed=seed,
                                 salt=salt, origin=writer.origin)

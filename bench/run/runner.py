@@ -8,7 +8,6 @@ redoing blocks that have records; `--recover` re-runs failed arms as recovery ru
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Iterator
@@ -19,7 +18,13 @@ from typing import TextIO
 
 import numpy as np
 
-from bench.analysis.runfolder import ArmRecord, read_run, write_json
+from bench.analysis.runfolder import (
+    ArmRecord,
+    load_manifest,
+    manifest_field,
+    read_run,
+    write_json,
+)
 from bench.report.run_report import ReportFiles, write_report
 from bench.run.arm import Arm, arm_for
 from bench.run.block import run_block
@@ -70,11 +75,13 @@ def open_run(config: BenchConfig) -> tuple[str, Path, dict[str, object] | None]:
             known = sorted(p.parent.name for p in results.glob("*/manifest.json"))
             raise BenchError(f"cannot resume {config.resume}: {manifest_path} does not exist "
                              f"(runs in {results}: {', '.join(known) or 'none'})")
-        manifest = json.loads(manifest_path.read_text())
-        if manifest["config"]["regime"] != config.regime:
-            raise BenchError(f"run {config.resume} measured regime "
-                             f"{manifest['config']['regime']}, not {config.regime}; pass "
-                             f"REGIME={manifest['config']['regime']}")
+        manifest = load_manifest(manifest_path)  # what resuming reads is checked up front
+        regime = manifest_field(manifest, manifest_path, "config.regime", str)
+        manifest_field(manifest, manifest_path, "regime.blocks", int)
+        manifest_field(manifest, manifest_path, "clock_origin_monotonic", (int, float))
+        if regime != config.regime:
+            raise BenchError(f"run {config.resume} measured regime {regime}, not "
+                             f"{config.regime}; pass REGIME={regime}")
         return config.resume, run_dir, manifest
     run_id = config.run_id or f"{config.regime}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
     run_dir = results / run_id

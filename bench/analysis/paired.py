@@ -221,7 +221,8 @@ def _paired(
     value: Callable[[ArmRecord], float | None],
     rng: np.random.Generator,
 ) -> PairedChange:
-    pairs = [(value(b[arm]), value(b[REFERENCE_ARM])) for b in chosen]
+    # A run whose manifest lists no clean arm has nothing to pair with: n=0, not a KeyError.
+    pairs = [(value(b[arm]), value(b[REFERENCE_ARM])) for b in chosen if REFERENCE_ARM in b]
     kept = [(a, c) for a, c in pairs if a is not None and c is not None and c != 0]
     return paired_change([a for a, _ in kept], [c for _, c in kept], rng)
 

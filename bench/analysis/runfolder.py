@@ -208,6 +208,8 @@ def parse_record(kind: type[R], obj: Any) -> R:
         _type_ok(t, _NUMERIC) for t in values.get("chunk_times_s", ())
     ):
         raise ValueError("field 'chunk_times_s' holds a non-number")
+    if kind is BlockRecord and not all(isinstance(a, str) for a in values.get("order", ())):
+        raise ValueError("field 'order' holds a non-string (arm names are strings)")
     return kind(**values)
 
 

@@ -144,6 +144,17 @@ def strict_json(text: str) -> Any:
     return json.loads(text, parse_constant=refuse)
 
 
+def test_a_block_order_naming_no_arm_is_a_reported_line(pristine: dict[str, bytes],
+                                                        tmp_path: Path) -> None:
+    """Found by the long run: `"order": [null]` in blocks.jsonl crashed the report's block table."""
+    blocks = pristine["blocks.jsonl"].replace(b'"order": ["self", "clean", "external"]',
+                                              b'"order": [null]', 1)
+    records = read_run(write_folder(tmp_path, {**pristine, "blocks.jsonl": blocks}))
+    assert any(i.file == "blocks.jsonl" and i.line == 1 and "'order'" in i.reason
+               for i in records.issues), records.issues
+    assert to_markdown(build_document(analyze(records), {})).strip()
+
+
 @given(data=st.data())
 def test_a_damaged_run_reads_analyses_and_renders_without_a_traceback(
         pristine: dict[str, bytes], data: st.DataObject) -> None:
@@ -183,12 +194,15 @@ def test_a_damaged_run_always_gets_a_report_with_strict_json(pristine: dict[str,
 @pytest.mark.parametrize("manifest", [
     b"\xff\xfe{}", b"[" * 100_000, b'{"arms": 1, "pooled_regimes": "dedicated", "run_id": 5}',
     b'{"arms": [1, null], "pooled_regimes": [2]}', b"NaN", b"",
-], ids=["non-utf8", "nested", "wrong-types", "wrong-items", "nan", "empty"])
+    b'{"arms": ["external", "self"]}',  # found by the long run: no clean arm was a KeyError
+], ids=["non-utf8", "nested", "wrong-types", "wrong-items", "nan", "empty", "no-clean-arm"])
 def test_a_bad_manifest_is_an_issue_of_the_run_not_a_traceback(
         pristine: dict[str, bytes], tmp_path: Path, manifest: bytes) -> None:
     run = write_folder(tmp_path, {**pristine, "manifest.json": manifest})
     records = read_run(run)
     analysis = analyze(records)
     assert analysis.blocks
+    document = build_document(analysis, {})
+    assert to_markdown(document).strip()
     if not manifest.startswith(b"{"):
         assert any(i.file == "manifest.json" for i in records.issues), records.issues

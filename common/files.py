@@ -202,6 +202,9 @@ def read_jsonl(path: str | Path) -> JsonlRead:
         except UnicodeDecodeError:
             issues.append(LineIssue(number, "not UTF-8 text"))
             continue
+        except RecursionError:  # arrays nested past Python's limit
+            issues.append(LineIssue(number, "not usable JSON: nested too deeply"))
+            continue
         except json.JSONDecodeError as exc:
             torn = " (last line cut short: a crash while it was written)" if (
                 index == last and not data.endswith(b"\n")) else ""

@@ -342,7 +342,7 @@ class StreamClient:
         """Handle one SSE event's data (stamped `now`). Malformed events raise ValueError."""
         try:
             chunk = json.loads(event)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: arrays nested past the limit
             raise ValueError(f"malformed stream event (not JSON): {event[:80]!r}") from None
         if not isinstance(chunk, dict):
             raise ValueError(f"malformed stream event (not an object): {event[:80]!r}")
@@ -368,7 +368,10 @@ class StreamClient:
     def _read_whole(self, response: http.client.HTTPResponse, got: _Stream) -> None:
         data = response.read()
         got.end_s = self.clock()
-        body = json.loads(data)
+        try:
+            body = json.loads(data)
+        except RecursionError:
+            raise ValueError(f"not a chat completion (nested too deeply): {data[:80]!r}") from None
         if not isinstance(body, dict) or not isinstance(body.get("choices"), list) or not (
                 body["choices"]) or not isinstance(body["choices"][0], dict):
             raise ValueError(f"not a chat completion: {data[:120]!r}")

@@ -28,7 +28,14 @@ from typing import Any, TextIO
 import numpy as np
 
 from bench.analysis.load import block_load
-from bench.analysis.runfolder import ArmRecord, BlockRecord, read_run, write_json
+from bench.analysis.runfolder import (
+    ArmRecord,
+    BlockRecord,
+    load_manifest,
+    manifest_field,
+    read_run,
+    write_json,
+)
 from bench.report.run_report import ReportFiles, write_report
 from bench.run.arm import Arm, arm_for
 from bench.run.block import BlockSettings, run_block
@@ -121,12 +128,11 @@ def open_run(config: BenchConfig, prints: dict[str, Any]
             known = sorted(p.parent.name for p in results.glob("*/manifest.json"))
             raise BenchError(f"cannot resume {config.resume}: {manifest_path} does not exist "
                              f"(runs in {results}: {', '.join(known) or 'none'})")
-        try:
-            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise BenchError(f"cannot resume {config.resume}: {manifest_path} is not readable "
-                             f"JSON ({exc}); start a new run") from None
-        was = manifest.get("fingerprint") if isinstance(manifest, dict) else None
+        manifest = load_manifest(manifest_path)  # what resuming reads is checked up front
+        manifest_field(manifest, manifest_path, "config.regime", str)
+        manifest_field(manifest, manifest_path, "regime.blocks", int)
+        manifest_field(manifest, manifest_path, "clock_origin_monotonic", (int, float))
+        was = manifest.get("fingerprint")
         if not isinstance(was, dict):
             raise BenchError(f"cannot resume {config.resume}: its manifest has no fingerprint "
                              "(made by an older version); start a new run")

@@ -70,6 +70,7 @@ class ArmRecord:
     completion_tokens: int | None = None
     history_tokens: int | None = None
     validation: bool | None = None
+    validation_tail: str | None = None  # the last 1,000 characters of the validation's output
     protocol_ok: bool | None = None
     started_s: float | None = None
     ended_s: float | None = None
@@ -306,7 +307,8 @@ def load_manifest(path: Path) -> dict[str, Any]:
     except FileNotFoundError:
         raise RunFolderError(f"{path}: file is missing") from None
     except UnicodeDecodeError as exc:
-        raise RunFolderError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+        raise RunFolderError(f"{path}: not UTF-8 text (byte {exc.start}); restore it from a "
+                             "copy, or start a new run") from None
     except json.JSONDecodeError as exc:
         raise RunFolderError(f"{path}: not valid JSON: {exc.msg} (line {exc.lineno})") from None
     except RecursionError:

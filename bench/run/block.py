@@ -121,6 +121,7 @@ def arm_record(arm: Arm, result: ContinuationResult, *, policy: HistoryPolicy, w
         completion_tokens=_sum([r.completion_tokens for r in result.requests]),
         history_tokens=first.prompt_tokens if first else None,
         validation=result.validation.passed if result.validation else None,
+        validation_tail=result.validation.output[-1000:] if result.validation else None,
         protocol_ok=error is None, started_s=result.started_s - origin,
         ended_s=result.ended_s - origin, seed=seed, cache_mode=settings.config.cache,
         cache_salt=salt, fork_prompt_tokens=first.prompt_tokens if first else None,

@@ -134,8 +134,8 @@ def open_run(config: BenchConfig, prints: dict[str, Any]
         manifest_field(manifest, manifest_path, "clock_origin_monotonic", (int, float))
         was = manifest.get("fingerprint")
         if not isinstance(was, dict):
-            raise BenchError(f"cannot resume {config.resume}: its manifest has no fingerprint "
-                             "(made by an older version); start a new run")
+            raise BenchError(f"cannot resume {config.resume}: {manifest_path} has no "
+                             "fingerprint (made by an older version); start a new run")
         if changed := _differences(was, prints):
             raise BenchError(f"cannot resume {config.resume}: this is not the same run: "
                              + "; ".join(changed) + " (start a new run, or resume with the "
@@ -216,11 +216,17 @@ def _block_passes(run_dir: Path, regime: str, arms: tuple[str, ...]
     """(blocks done, the pass a block not done runs as). A block is done when its block record
     exists and every arm has its original record of that pass; a block a crash cut short
     (records of some arms, no block record) runs again in full as the next pass, and analysis
-    uses only its last pass."""
+    uses only its last pass. So does a block whose load made it invalid (the background died,
+    was refused, never queued): a resumed run measures it again under a working load."""
     if not (run_dir / "arms.jsonl").exists():
         return set(), {}
     folder = read_run(run_dir)
-    closed = {b.block: b.block_pass or 1 for b in folder.blocks if b.regime == regime}
+    latest: dict[int, BlockRecord] = {}
+    for b in folder.blocks:
+        if b.regime == regime and (b.block_pass or 1) >= (
+                latest[b.block].block_pass or 1 if b.block in latest else 0):
+            latest[b.block] = b
+    closed = {n: b.block_pass or 1 for n, b in latest.items() if not b.invalid_reasons}
     seen: dict[tuple[int, int], set[str]] = {}
     highest: dict[int, int] = {}
     for r in folder.arms:
@@ -228,7 +234,8 @@ def _block_passes(run_dir: Path, regime: str, arms: tuple[str, ...]
             seen.setdefault((r.block, r.block_pass or 1), set()).add(r.arm)
             highest[r.block] = max(highest.get(r.block, 0), r.block_pass or 1)
     done = {b for b, p in closed.items() if set(arms) <= seen.get((b, p), set())}
-    return done, {b: p + 1 for b, p in highest.items() if b not in done}
+    return done, {b: max(p, latest[b].block_pass or 1 if b in latest else 0) + 1
+                  for b, p in highest.items() if b not in done}
 
 
 def _failed_arms(run_dir: Path, regime: str) -> list[tuple[int, str]]:
@@ -406,9 +413,10 @@ def run_bench(config: BenchConfig, *, stream: TextIO = sys.stderr) -> RunOutcome
         if records or done:
             try:
                 report = write_report(run_dir, seed=config.seed)
-            except OSError as exc:  # a full disk: the records are safe, the report can wait
+            except (OSError, SuiteError) as exc:  # a full disk: the records are safe
+                why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
                 aborted = ((aborted + "; ") if aborted else "") + (
-                    f"the report could not be written ({exc.strerror or exc}); once fixed, "
+                    f"the report could not be written ({why.splitlines()[0]}); once fixed, "
                     f"`make report RUN={run_id}` writes it from the records")
     code = (run.stop.reason.exit_code if run.stop.reason is not None
             else ExitCode.FAILED if aborted else ExitCode.OK)
@@ -428,6 +436,9 @@ def _blocks(run: _Run, arms: list[Arm], settings: BlockSettings, url: str,
 
     writer = RunWriter(run.run_dir, run.origin, on_failure=unwritable)
     stop.on_stop = writer.cancel
+    for name in writer.repaired:
+        print(f"[bench] {name}: its last line was cut short by a crash; readers skip it and new "
+              "records start on a fresh line", file=stream, flush=True)
     progress = Progress(total_blocks=run.total, url=url, stream=stream)
     progress.done = len(run.done)
     records: list[ArmRecord] = []
@@ -452,6 +463,8 @@ def _blocks(run: _Run, arms: list[Arm], settings: BlockSettings, url: str,
                                f"(the block is left open: RESUME runs it again in full); "
                                f"{run.hint} after restarting it")
                     break
+            if monitor is not None and aborted is None:
+                monitor.load.check()  # the last block's load is checked like every other
             if config.recover and aborted is None:
                 records += _recover(arms, settings, run.run_dir, writer)
     except BackgroundLoadError as exc:

@@ -38,6 +38,11 @@ class RunWriter:
         self._cancelled = threading.Event()
         self._writers = {name: JsonlWriter(run_dir / name) for name in FILES}
 
+    @property
+    def repaired(self) -> list[str]:
+        """Files whose last line a crash had cut: it is skipped, new records start fresh."""
+        return [name for name, w in self._writers.items() if w.torn_line_repaired]
+
     def _write(self, name: str, line: dict[str, Any]) -> None:
         try:
             self._writers[name].write(line)

@@ -15,9 +15,10 @@ from bench.run.config import BenchConfig
 from bench.run.runner import open_run
 from common.errors import SuiteError
 
+PRINTS: dict[str, Any] = {"regime": "dedicated", "task": "fix-median"}  # what makes the run
 GOOD: dict[str, Any] = {"run_id": "r", "config": {"regime": "dedicated"},
                         "regime": {"name": "dedicated", "blocks": 2},
-                        "clock_origin_monotonic": 12.5}
+                        "clock_origin_monotonic": 12.5, "fingerprint": PRINTS}
 VALUES = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8)
                       | st.just("dedicated"),
                       lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
@@ -31,7 +32,8 @@ def manifests(draw: st.DrawFn) -> bytes:
     if choice == 0:
         return draw(st.binary(max_size=60))
     value = json.loads(json.dumps(GOOD))
-    section = draw(st.sampled_from(["config", "regime", "clock_origin_monotonic", "run_id"]))
+    section = draw(st.sampled_from(["config", "regime", "clock_origin_monotonic", "run_id",
+                                    "fingerprint"]))
     if choice == 1:
         value[section] = draw(VALUES)
     elif isinstance(value[section], dict):
@@ -56,9 +58,9 @@ def test_resuming_any_manifest_resumes_or_refuses_naming_the_file(tmp_path: Path
     (run / "manifest.json").write_bytes(raw)
     config = BenchConfig(regime="dedicated", resume="r", results_dir=str(tmp_path))
     try:
-        run_id, folder, manifest = open_run(config)
+        run_id, folder, manifest = open_run(config, PRINTS)
     except SuiteError as exc:
-        assert str(run / "manifest.json") in str(exc) or "measured regime" in str(exc), exc
+        assert str(run / "manifest.json") in str(exc) or "not the same run" in str(exc), exc
         event("refused")
         return
     event("resumed")

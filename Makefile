@@ -35,6 +35,7 @@ help:
 	@echo "make kernels [BASE_URL=...] [PORT=...]       micro-benchmarks, server probes, cost-model fits"
 	@echo "make kernels-gpu                             GPU device check (kernels/device_check.sh)"
 	@echo "make bench-redaction                         redaction recall and false positives on the labelled corpus"
+	@echo "make faults [ONLY=...]                       fault injection: every row survived, 0 records lost"
 	@echo "make histories [TASK=...] [BASE_URL=...]     acquire clean histories up to each task's fork"
 	@echo "make report RUN=<run-id>                     analysis + report.md/html of results/<run-id>"
 	@echo "make compare RUNS=\"a b\"                     runs side by side"
@@ -124,3 +125,6 @@ report-study: install
 
 clean:
 	rm -rf $(VENV) .cache .run .mypy_cache .ruff_cache .pytest_cache
+
+faults: install
+	$(PY) -m bench.faults.cli $(if $(ONLY),--only "$(ONLY)")

@@ -36,6 +36,7 @@ from common.net import free_port
 from loadgen.fakeprocess import FakeProcess
 
 STEPS = "6"  # postfork model calls per arm: a block lasts a few seconds on the fake engine
+LONG_STEPS = "24"  # where the fault must strike inside the block
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,9 @@ def _closed_blocks(run_dir: Path) -> set[int]:
 
 def _requests_by(source: str, count: int) -> Callable[[dict[str, list[str]]], bool]:
     def ready(now: dict[str, list[str]]) -> bool:
-        return sum(f'"source": "{source}"' in line for line in now["requests.jsonl"]) >= count
+        found = [line for line in now["requests.jsonl"]
+                 if json.loads(line).get("source") == source]
+        return len(found) >= count
     return ready
 
 
@@ -68,17 +71,18 @@ def server_killed(ctx: Context) -> list[FaultResult]:
     bench = BenchProcess(bench_argv("--run-id", run, "--arms", "clean,self", "--blocks", "2",
                                     "--step-limit", STEPS, port=port), ctx)
     before = records_when(ctx.run_dir(run), _requests_by("clean", 2)) or {}
-    pid_file = ctx.root / "run" / f"server-{port}.json"
     killed = False
-    if pid_file.is_file():
-        os.killpg(int(json.loads(pid_file.read_text())["pid"]), signal.SIGKILL)
-        killed = True
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        cmdline = " ".join(process.info["cmdline"] or [])
+        if "loadgen.fakeserver" in cmdline and f"--port {port}" in cmdline:
+            os.killpg(process.info["pid"], signal.SIGKILL)  # the launcher's process group
+            killed = True
     code = bench.wait()
     first = bench.output
     code2, _ = run_bench_process(bench_argv("--resume", run, port=port), ctx)
     blocks = _closed_blocks(ctx.run_dir(run))
     return [verdict("server killed mid-block", first, expect=[
-        (killed, "the server's pid file was not found"),
+        (killed, "the bench's server process was not found"),
         (code == 1, f"exit code {code}, expected 1"),
         ("stopped answering" in first and f"RESUME={run}" in first, "no RESUME hint"),
         (code2 == 0, f"the resumed run exited {code2}"),
@@ -210,7 +214,7 @@ def background_fault(name: str, inject: Callable[[Context, FakeProcess], None]
         with fake_engine() as fake:
             bench = BenchProcess(bench_argv("--run-id", run, "--regime", "shared", "--arms",
                                             "clean,self", "--blocks", "2", "--step-limit",
-                                            STEPS, base_url=fake.server_url), ctx)
+                                            LONG_STEPS, base_url=fake.server_url), ctx)
             before = records_when(ctx.run_dir(run), _requests_by("clean", 1)) or {}
             inject(ctx, fake)
             code = bench.wait()
@@ -265,16 +269,20 @@ def torn_line(ctx: Context) -> list[FaultResult]:
                                                      base_url=fake.server_url), ctx)
     folder = read_run(ctx.run_dir(run))
     torn_reported = any("cut short" in i.reason for i in folder.issues)
-    return [verdict("torn last JSONL line, then RESUME", output, expect=[
+    result = verdict("torn last JSONL line, then RESUME", output, expect=[
         (code1 == 0, f"the first run exited {code1}"), (code2 == 0, f"resume exited {code2}"),
         ({b.block for b in folder.blocks} == {1, 2}, "not every block closed"),
         (len([r for r in folder.arms if r.block == 2]) == 2, "block 2 lacks its records"),
         (torn_reported, f"the torn line is not reported: {folder.issues}")],
-        lost_count=lost(before, ctx.run_dir(run)))]
+        lost_count=lost(before, ctx.run_dir(run)))
+    said = [line for line in output.splitlines() if "cut short" in line]
+    return [FaultResult(result.fault, result.survived and bool(said), result.lost,
+                        said[0] if said else result.line,
+                        result.why or ("" if said else "the resume did not say so"))]
 
 
 def full_disk(ctx: Context) -> list[FaultResult]:
-    """The results folder on a 96 KiB tmpfs (bubblewrap): the bench stops with one line when a
+    """The results folder on a 40 KiB tmpfs (bubblewrap): the bench stops with one line when a
     record no longer fits; every record written before is kept, and RESUME on a disk with
     room completes the run."""
     from histories.agent.sandbox import bwrap_command
@@ -286,7 +294,7 @@ def full_disk(ctx: Context) -> list[FaultResult]:
                           "--step-limit", STEPS, base_url=fake.server_url)
         script = (" ".join(f"'{a}'" for a in argv) + f"; rc=$?; cp -a {small}/. {saved}/; "
                   "exit $rc")
-        wrapped = bwrap_command(["--dev-bind", "/", "/", "--size", str(96 * 1024), "--tmpfs",
+        wrapped = bwrap_command(["--dev-bind", "/", "/", "--size", str(40 * 1024), "--tmpfs",
                                  str(small), "--", "/bin/sh", "-c", script])
         small_ctx = Context(ctx.root, env={"COMPBENCH_RESULTS": str(small)})
         small_ctx.env.update(wrapped[1])

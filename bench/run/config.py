@@ -31,7 +31,8 @@ PLACEBO = "placebo"
 # The settings that make a run what it is: a resumed run takes them from its manifest.
 RUN_SETTINGS = ("regime", "task", "arms", "seed", "seeds", "cache", "protocol", "rewrite_cache",
                 "step_limit", "prompt", "blocks", "external_url", "locust_workers",
-                "speculative", "expert_parallel", "token_ids")
+                "speculative", "expert_parallel", "stream_deadline_s", "compressor_deadline_s",
+                "arm_wall_s", "token_ids")
 
 
 class BenchConfig(BaseModel):
@@ -82,6 +83,19 @@ class BenchConfig(BaseModel):
     token_ids: bool = Field(default=True, description="ask for every arm request's token ids "
                             "(vLLM's return_token_ids) for cache-break accounting; "
                             "TOKEN_IDS=0 for a server that refuses the field")
+    stream_deadline_s: float = Field(
+        default=600.0, gt=0, description="STREAM_DEADLINE: the longest silence tolerated on a "
+        "target stream (a queued request's wait for its first token included); a stream silent "
+        "longer is cut and the arm fails with that reason")
+    compressor_deadline_s: float = Field(
+        default=300.0, gt=0, description="COMPRESSOR_DEADLINE: the same for compressor streams")
+    arm_wall_s: float = Field(
+        default=3600.0, gt=0, description="ARM_WALL_S: the longest postfork part of one arm; "
+        "past it the arm ends as TimeExceeded (a censored duration)")
+    stall_s: float = Field(
+        default=120.0, gt=0, description="STALL_S: the watchdog stops the run when requests are "
+        "in flight, the server still answers /health, and no stream has produced a token for "
+        "this long (a server that answers but no longer streams)")
 
     @field_validator("server_url", "external_url")
     @classmethod

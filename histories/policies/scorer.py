@@ -249,7 +249,8 @@ def load_scorer(config: ScorerConfig) -> ProxyScorer:
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()  # the bench's own progress line owns the terminal
+    # the bench's own progress line owns the terminal
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     tokenizer = ProxyTokenizer.shared(config.model)
     device = config.device
     if device == "auto":

@@ -20,7 +20,9 @@ prompts, and their replies, which are cached block by block as they are generate
 differ only where requests overlapped. A request agrees when the measured hit lies within one
 block of [low, high]. Eviction, and anything cached before the run (by earlier runs, other
 users of a shared server, background load that records no ids), is outside the prediction: a
-request the run's own records cannot explain is listed with its request id, never dropped.
+request the run's own records cannot explain is listed with its request id, never dropped, and
+marked *warmer* (more cached than predicted: what a shared cache held before the run; `CACHE=run`
+starts cold) or *colder* (less: evicted, or a misprediction).
 
 Cache loss, per request after an attempt's first: `reusable` is what the arm's own previous
 request left cached (capped by this prompt), `break_token` the first token (to 16) where this
@@ -69,6 +71,10 @@ class RequestCache:
     loss_measured: int | None = None
     agrees: bool = True
     exact: bool = True
+    # a disagreement's direction: "warmer" (more cached than the run's own requests explain:
+    # cached before the run, by earlier runs or other users of a shared cache) or "colder"
+    # (less than they left: evicted, or mispredicted); None where it agrees
+    disagreement: str | None = None
 
 
 @dataclass(frozen=True)
@@ -269,7 +275,9 @@ def cache_accounting(records: RunRecords, arms: Sequence[str]) -> CacheAccountin
                 attempt=attempt.split("#")[0], index=index, prompt_tokens=p.n,
                 measured=measured, predicted_low=low, predicted_high=high,
                 agrees=low - block <= measured <= high + block,
-                exact=low <= measured <= high, **extra))
+                exact=low <= measured <= high,
+                disagreement="warmer" if measured > high + block
+                else "colder" if measured < low - block else None, **extra))
     rows.sort(key=lambda r: (regime_sort_key(r.regime), r.block, arm_sort_key(r.arm), r.index))
     return CacheAccounting(block, source, tuple(rows), _summaries(rows, totals),
                            tuple(unchecked))

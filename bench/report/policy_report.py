@@ -138,13 +138,19 @@ def cache_section(figures: PolicyFigures) -> Section:
                   for a in cache.arms),
             "Token sums over the arm's checked requests."))
     wrong = cache.disagreements
-    section.add(Paragraph(f"Disagreements (measured outside [low - 1 block, high + 1 block]): "
-                          f"{len(wrong)} of {len(cache.requests)} checked requests."))
+    warmer = sum(r.disagreement == "warmer" for r in wrong)
+    section.add(Paragraph(
+        f"Disagreements (measured outside [low - 1 block, high + 1 block]): {len(wrong)} of "
+        f"{len(cache.requests)} checked requests ({warmer} warmer than predicted, "
+        f"{len(wrong) - warmer} colder). Warmer: the server had more cached than this run's own "
+        "requests left, which a shared cache does where earlier runs or other users sent the "
+        "same prefix (CACHE=run gives the run its own cache salt and starts cold); colder: "
+        "blocks the run left were gone (evicted) or the prediction is wrong."))
     if wrong:
         section.add(Bullets(tuple(
             f"request {r.request_id} ({r.regime} block {r.block}, {r.arm} {r.attempt}, "
             f"request {r.index}): measured {r.measured} of {r.prompt_tokens}, predicted "
-            f"{r.predicted_low}-{r.predicted_high}" for r in wrong[:LISTED])
+            f"{r.predicted_low}-{r.predicted_high} ({r.disagreement})" for r in wrong[:LISTED])
             + ((f"... and {len(wrong) - LISTED} more (all in summary.json)",)
                if len(wrong) > LISTED else ())))
     if cache.unchecked:

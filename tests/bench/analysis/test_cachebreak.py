@@ -36,7 +36,8 @@ def request(rid: str, arm: str, prompt: list[int], completion: list[int], times:
                          cached_tokens=cached, completion_tokens=len(completion), labels=labels)
 
 
-def write_run(path: Path) -> Path:
+def write_run(path: Path, more: tuple[RequestRecord, ...] = ()) -> Path:
+    """The run folder; `more`: further requests, each of its own arm (no salt)."""
     edited = [*P0[:40], -1, *P0[41:]]  # a policy rewrote token 40 of text it had sent before
     requests = [
         request("clean-0", "clean", P0, C0, (0.0, 1.0, 2.0), 0),
@@ -46,10 +47,11 @@ def write_run(path: Path) -> Path:
         request("iso-0", "iso", P0, C0, (9.0, 10.0, 11.0), 64),  # its own salt: cold, yet 64
         request("iso-1", "iso", [*P0, *C0], C0, (12.0, 13.0, 14.0), 64, label=False),
         request("iso-2", "iso", [*P0, *C0], C0, (15.0, 16.0, 17.0), 64, prompt_tokens=99),
+        *more,
     ]
     arms = [ArmRecord("dedicated", 1, arm, "original", "complete", 10.0,
                       cache_salt="s1" if arm == "iso" else None)
-            for arm in ("clean", "keep", "iso")]
+            for arm in ("clean", "keep", "iso", *(r.source for r in more))]
     write_json(path / "manifest.json", {"run_id": "cb", "arms": ["clean", "keep", "iso"],
                                         "selfcheck": {"cache_config": {"block_size": "32"}}})
     write_records(path / "arms.jsonl", arms)
@@ -76,7 +78,9 @@ def test_predicted_beside_measured_with_breaks_and_losses(tmp_path: Path) -> Non
     assert (edit.break_token, edit.break_region) == (32, "old text")  # token 40 is in unit 2
     assert (edit.predicted_low, edit.loss_predicted, edit.loss_measured) == (32, 32, 32)
     # iso's salt keeps it from the others' blocks: 0 predicted, 64 measured, named by its id
-    assert [r.request_id for r in result.disagreements] == ["iso-0"]
+    assert [(r.request_id, r.disagreement) for r in result.disagreements] == [("iso-0",
+                                                                               "warmer")]
+    assert all(r.disagreement is None for r in result.requests if r.agrees)
     assert dict((rid, why.split(" (")[0]) for rid, _, why in result.unchecked) == {
         "iso-1": "no token ids", "iso-2": "prompt truncated or altered: 80 ids returned, usage "
                                           "says 99"}
@@ -91,3 +95,12 @@ def test_block_size_from_server_then_profile_then_vllm_default() -> None:
     assert kv_block_size({"server": {"profile": {"engine_args": {"block_size": 256}}}}) == (
         256, "profile")
     assert kv_block_size({"selfcheck": {"skipped": "SELFCHECK=0"}}) == (16, "default")
+
+
+def test_a_hit_below_what_the_run_left_is_colder(tmp_path: Path) -> None:
+    later = request("evicted-0", "evicted", P0, C0, (18.0, 19.0, 20.0), 0)  # clean left 64
+    result = cache_accounting(read_run(write_run(tmp_path / "cb", (later,))),
+                              ["clean", "keep", "iso", "evicted"])
+    row = {r.request_id: r for r in result.requests}["evicted-0"]
+    assert (row.predicted_low, row.measured, row.agrees, row.disagreement) == (64, 0, False,
+                                                                               "colder")

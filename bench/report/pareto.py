@@ -33,24 +33,26 @@ def _frontier(points: dict[str, tuple[float, float]]) -> list[str]:
     return sorted(keep, key=lambda a: points[a][0])
 
 
-def _label_offsets(points: dict[str, tuple[float, float]], height_pt: float = 280.0
+def _label(arm: str, runs: list[Continuation]) -> str:
+    return f"{arm} ({sum(bool(c.success) for c in runs)}/{len(runs)} passed)"
+
+
+def _label_offsets(points: dict[str, tuple[float, float]], widths: dict[str, int]
                    ) -> dict[str, int]:
-    """Vertical label offsets (points) so that labels of arms drawn close together (arms whose
-    histories stayed identical land on one spot) stack at least a line apart."""
-    xs = [x for x, _ in points.values()]
-    ys = [y for _, y in points.values()]
-    span_x = (max(xs) - min(xs)) or 1.0
-    span_y = (max(ys) - min(ys)) or 1.0
-    placed: list[tuple[float, float]] = []  # (x, label height in points)
+    """Vertical label offsets (points) so that labels that would overlap (arms drawn close
+    together, or on one spot where their histories stayed identical) stack at least a line
+    apart. `points`: each marker's position on the page in points; a label starts 6 points to
+    the right of its marker and is about 4.6 points per character of 8-point text."""
+    placed: list[tuple[float, float, float]] = []  # (left, right, label height), points
     out = {}
     for arm, (x, y) in sorted(points.items(), key=lambda kv: (kv[1][1], kv[1][0])):
-        base = (y - min(ys)) / span_y * height_pt
-        label = base + 4
-        for other_x, other_label in placed:
-            if abs(x - other_x) < 0.15 * span_x and label < other_label + 11:
+        left, right = x + 6, x + 6 + 4.6 * widths[arm]
+        label = y + 4
+        for other_left, other_right, other_label in sorted(placed, key=lambda p: p[2]):
+            if left < other_right and other_left < right and abs(label - other_label) < 11:
                 label = other_label + 11
-        out[arm] = round(label - base)
-        placed.append((x, label))
+        out[arm] = round(label - y)
+        placed.append((left, right, label))
     return out
 
 
@@ -70,7 +72,9 @@ def pareto_figure(comparisons: dict[str, PolicyComparison]) -> bytes | None:
             if not drawn:
                 continue
             for c in drawn:
-                ax.scatter([c.total_tokens], [c.postfork_s], s=14, alpha=0.35, linewidths=0,
+                # "x" is drawn by its edge: a zero line width would hide every failure
+                ax.scatter([c.total_tokens], [c.postfork_s], s=18, alpha=0.5,
+                           linewidths=0 if c.success else 1.0,
                            marker="o" if c.success else "x",
                            color=_success_color([c.success]), zorder=2)
             x = float(np.median([float(c.total_tokens or 0) for c in drawn]))
@@ -79,12 +83,17 @@ def pareto_figure(comparisons: dict[str, PolicyComparison]) -> bytes | None:
             ax.scatter([x], [y], s=70, marker="D", color=_success_color([c.success for c in
                                                                          drawn]),
                        edgecolors="black", linewidths=0.8, zorder=4)
-        labels = _label_offsets(medians)
+        texts = {arm: _label(arm, [c for c in comparison.continuations[arm]
+                                   if c.total_tokens is not None]) for arm in medians}
+        ax.autoscale_view()  # the limits the markers get, so that page positions are final
+        scale = 72.0 / figure.dpi  # display pixels to points
+        page = {arm: (float(px) * scale, float(py) * scale)
+                for arm, (px, py) in ((a, ax.transData.transform(xy))
+                                      for a, xy in medians.items())}
+        labels = _label_offsets(page, {arm: len(t) for arm, t in texts.items()})
         for arm, (x, y) in medians.items():
-            shown = [c for c in comparison.continuations[arm] if c.total_tokens is not None]
-            passed = sum(bool(c.success) for c in shown)
-            ax.annotate(f"{arm} ({passed}/{len(shown)} ok, n={len(shown)})", (x, y),
-                        textcoords="offset points", xytext=(6, labels[arm]), fontsize=8)
+            ax.annotate(texts[arm], (x, y), textcoords="offset points",
+                        xytext=(6, labels[arm]), fontsize=8)
         front = _frontier(medians)
         if len(front) > 1:
             ax.plot([medians[a][0] for a in front], [medians[a][1] for a in front],

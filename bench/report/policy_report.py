@@ -94,7 +94,8 @@ def comparison_section(figures: PolicyFigures) -> Section:
                           "medians over its complete blocks, coloured by validation (green: "
                           "passed in every block, orange: some, red: none); small markers: "
                           "single continuations (o passed, x failed); dashed: arms that no "
-                          "other arm beats in both time and tokens. n per arm in its label."))
+                          "other arm beats in both time and tokens. Labels: arm (continuations "
+                          "that passed validation / n)."))
     return section
 
 

@@ -128,4 +128,4 @@ clean:
 	rm -rf $(VENV) .cache .run .mypy_cache .ruff_cache .pytest_cache
 
 faults: install
-	$(PY) -m bench.faults.cli $(if $(ONLY),--only "$(ONLY)")
+	$(PY) -m bench.faults.cli $(if $(ONLY),--only "$(ONLY)") $(if $(JOBS),--jobs $(JOBS))

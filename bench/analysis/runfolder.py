@@ -239,6 +239,16 @@ def _accepts(hint: Any, value: Any) -> tuple[bool, Any]:
     return False, value
 
 
+_HINTS: dict[type[Any], dict[str, Any]] = {}
+
+
+def _hints(kind: type[Any]) -> dict[str, Any]:
+    # resolving a record's annotations costs milliseconds; a run has thousands of lines
+    if kind not in _HINTS:
+        _HINTS[kind] = get_type_hints(kind)
+    return _HINTS[kind]
+
+
 def parse_record(kind: type[R], obj: Any) -> R:
     """Build a record of `kind` from one decoded JSON line; raise ValueError naming the field."""
     if not isinstance(obj, dict):
@@ -247,7 +257,7 @@ def parse_record(kind: type[R], obj: Any) -> R:
     if schema not in READABLE_SCHEMAS:
         raise ValueError(f"schema is {schema!r}, this reader understands "
                          f"{', '.join(map(str, READABLE_SCHEMAS))}")
-    hints = get_type_hints(kind)
+    hints = _hints(kind)
     values: dict[str, Any] = {}
     for name in _REQUIRED[kind]:
         if obj.get(name) is None:

@@ -97,6 +97,11 @@ class ArmRecord:
     fork_rewrite_cache_hits: int | None = None
     invariant: dict[str, Any] | None = None  # body hashes, reasoning and factor fields
     block_pass: int | None = None  # 2+ for a block run again after a crash cut it (None: 1)
+    # the load-response sweep (regime "sweep", bench/run/sweep.py); None elsewhere
+    level: int | None = None  # the fleet size N this continuation ran among
+    sweep_agent: int | None = None  # which of the N agents (0-based)
+    sweep_index: int | None = None  # the agent's k-th continuation in its level (0-based)
+    sweep_phase: str | None = None  # warmup | measured | drain (only measured ones are planned)
 
     @property
     def complete(self) -> bool:

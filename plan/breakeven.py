@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from bench.analysis.stats import MIN_BLOCKS_FOR_INTERVAL
 from plan.observations import Continuation
 from plan.resampling import interval
 
@@ -79,6 +80,8 @@ def break_even(arm: str, condition: str, quantity: str, unit: str,
     if n == 0:
         return BreakEven(arm, condition, quantity, unit, 0, None, None, None, None, None,
                          one_time, None, None, None, None, note=note or "no matched pairs")
+    if n < MIN_BLOCKS_FOR_INTERVAL:  # a bootstrap of one or two pairs says nothing
+        note = "; ".join(filter(None, [note, f"{n} pair(s): too few for an interval"]))
     ref = np.array([r for r, _ in matched])
     own = np.array([a for _, a in matched])
     diff = ref - own
@@ -99,6 +102,10 @@ def break_even(arm: str, condition: str, quantity: str, unit: str,
         for k in range(0, max_uses + 1):
             c_lo, c_hi = interval(k * reps - one_time, confidence)
             curve.append((k, k * saving - one_time, c_lo, c_hi))
+    if n < MIN_BLOCKS_FOR_INTERVAL:
+        return BreakEven(arm, condition, quantity, unit, n, float(ref.mean()),
+                         float(own.mean()), saving, None, None, one_time, uses, None, whole,
+                         serial, amortized, note, [(k, v, v, v) for k, v, _, _ in curve])
     return BreakEven(arm, condition, quantity, unit, n, float(ref.mean()), float(own.mean()),
                      saving, (lo, hi), float(np.mean(reps <= 0)), one_time, uses, uses_ci,
                      whole, serial, amortized, note, curve)

@@ -141,8 +141,9 @@ def breakeven_plot(plan: Plan, path: Path) -> Path | None:
         c = color(be.arm, arms.index(be.arm) if be.arm in arms else 0)
         uses = [k for k, *_ in be.curve]
         ax.plot(uses, [v for _, v, _, _ in be.curve], color=c, marker="o", markersize=3,
-                label=f"{be.arm}: saving {be.saving:+.2f} s/use, P(no saving) "
-                f"{be.p_no_saving:.2f}, n={be.n_pairs} pairs")
+                label=f"{be.arm}: saving {be.saving or 0:+.2f} s/use, P(no saving) "
+                f"{'-' if be.p_no_saving is None else f'{be.p_no_saving:.2f}'}, "
+                f"n={be.n_pairs} pairs")
         ax.fill_between(uses, [lo for *_, lo, _ in be.curve], [hi for *_, hi in be.curve],
                         color=c, alpha=0.15)
     ax.axhline(0, color="#d62728", linewidth=1)

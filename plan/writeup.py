@@ -30,6 +30,10 @@ def interval(values: Sequence[float | None] | None, digits: int = 2) -> str:
     return f" [{fmt(low, digits)}, {fmt(high, digits) if high is not None else 'inf'}]"
 
 
+def _digits(unit: str) -> int:
+    return 5 if unit == "USD" else 2
+
+
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     out += ["| " + " | ".join(row) + " |" for row in rows]
@@ -109,7 +113,8 @@ def _capacity(plan: Plan, document: dict[str, Any]) -> list[str]:
         rows.append([arm, f"{fmt(f.agents, 0)}", f"{fmt(f.tasks_per_gpu_hour, 1)}"
                      f"{interval(f.tasks_per_gpu_hour_ci, 1)}",
                      f"{fmt(f.gpu_s_per_task)}{interval(f.gpu_s_per_task_ci)}",
-                     f"{fmt(f.cost_per_task, 5)} {f.cost_unit}", fmt(f.joules_per_task, 0)])
+                     f"{fmt(f.cost_per_task, _digits(f.cost_unit))} {f.cost_unit}",
+                     fmt(f.joules_per_task, 0)])
     lines += _table(["arm", "agents per GPU", "tasks per GPU-hour", "GPU-s per task",
                      "cost per task", "J per task"], rows)
     return [*lines, ""]
@@ -199,7 +204,8 @@ def _regimes(plan: Plan) -> list[str]:
     lines = ["## Per task in the regime blocks", ""]
     rows = [[f.arm, f.condition, str(f.n),
              f"{fmt(f.gpu_s_per_task)}{interval(f.gpu_s_per_task_ci)}",
-             f"{fmt(f.cost_per_task, 5)} {f.cost_unit}" if f.cost_per_task is not None else "-",
+             f"{fmt(f.cost_per_task, _digits(f.cost_unit))} {f.cost_unit}"
+             if f.cost_per_task is not None else "-",
              fmt(f.joules_per_task, 0), f.note] for f in plan.regime_figures]
     lines += _table(["arm", "regime", "n", "GPU-s per task", "cost per task", "J per task",
                      "how"], rows)

@@ -26,10 +26,19 @@ def test_known_saving_and_rewrite_give_the_known_break_even() -> None:
 
 
 def test_no_saving_means_no_finite_break_even() -> None:
-    found = break_even("self", "shared", "time", "s", [(10.0, 11.0), (10.0, 12.0)], 3.0,
+    found = break_even("self", "shared", "time", "s", [(10.0, 11.0), (10.0, 12.0),
+                                                      (10.0, 10.5)], 3.0,
                        b=200, confidence=0.95, rng=np.random.default_rng(0))
     assert math.isinf(found.uses or 0.0) and found.uses_whole is None
     assert found.p_no_saving == 1.0 and found.uses_ci == (math.inf, None)
+
+
+def test_one_or_two_pairs_get_no_interval() -> None:
+    found = break_even("self", "dedicated", "time", "s", [(10.0, 8.0), (10.0, 7.0)], 3.0,
+                       b=200, confidence=0.95, rng=np.random.default_rng(0))
+    assert found.saving == pytest.approx(2.5) and found.uses == pytest.approx(1.2)
+    assert found.saving_ci is None and found.uses_ci is None and found.p_no_saving is None
+    assert "too few for an interval" in found.note
 
 
 def test_unknown_rewrite_time_gives_uses_per_second_of_rewriting() -> None:

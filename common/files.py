@@ -202,9 +202,18 @@ def read_jsonl(path: str | Path) -> JsonlRead:
         except UnicodeDecodeError:
             issues.append(LineIssue(number, "not UTF-8 text"))
             continue
+        except RecursionError:  # arrays nested past Python's limit
+            issues.append(LineIssue(number, "not usable JSON: nested too deeply"))
+            continue
         except json.JSONDecodeError as exc:
-            torn = " (last line cut short: a crash while it was written)" if (
-                index == last and not data.endswith(b"\n")) else ""
+            if index == last and not data.endswith(b"\n"):
+                torn = " (last line cut short: a crash while it was written)"
+            elif exc.msg.startswith("Unterminated string") or exc.pos >= len(raw.rstrip()):
+                # valid as far as it goes: cut by a crash, then a writer started a fresh line
+                torn = (" (line cut short: a crash while it was written; the next writer "
+                        "started on a fresh line)")
+            else:
+                torn = ""
             issues.append(LineIssue(number, f"not valid JSON: {exc.msg}{torn}"))
             continue
         if isinstance(value, dict):

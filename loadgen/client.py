@@ -19,6 +19,9 @@ Measurement contract:
   minutes for its first token, a stalled stream is cut when it has said nothing for that long).
   No retries, ever: a failure is returned as `status="error"` with a message, never raised and
   never re-sent. Malformed events (`data: 1`, `{"choices": [1]}`) are failures too.
+- A request in flight can be aborted from another thread (`abort`, or `abort_all` for every
+  client of the process: Ctrl-C, a wall-time limit): its socket is shut down, the blocked read
+  returns at once, and the record says `aborted: <reason>` with what had arrived.
 - Built on `http.client` and plain sockets, so it runs in plain threads and, unchanged, under
   gevent's monkey-patching inside locust (where the socket waits become cooperative). Names are
   resolved per connection (nothing is cached process-wide); IP literals skip the resolver.
@@ -26,12 +29,16 @@ Measurement contract:
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import ipaddress
 import json
 import select
 import socket
+import threading
+import time
 import urllib.parse
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -39,8 +46,37 @@ from common.timing import Clock, monotonic
 from loadgen.request import PreparedRequest, RequestRecord, Response, prepare
 from loadgen.sse import Dechunker, SSEDecoder
 
-__all__ = ["PreparedRequest", "RequestRecord", "Response", "StreamClient", "prepare",
-           "send_once"]
+__all__ = ["PreparedRequest", "RequestRecord", "Response", "StreamClient", "abort_all",
+           "prepare", "send_once"]
+
+_LIVE: weakref.WeakSet[StreamClient] = weakref.WeakSet()  # every client of this process
+_LIVE_LOCK = threading.Lock()
+
+
+class _Activity:
+    """Requests in flight in this process and the last time any of them received data (the
+    bench's watchdog: a server that answers /health but no longer streams)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.in_flight = 0
+        self.last_data_s = time.monotonic()
+
+
+_ACTIVITY = _Activity()
+
+
+def activity() -> tuple[int, float]:
+    """(requests in flight in this process, time.monotonic() of the last data received or
+    request sent)."""
+    return _ACTIVITY.in_flight, _ACTIVITY.last_data_s
+
+
+def abort_all(reason: str) -> int:
+    """Abort the request in flight of every client in this process; the number aborted."""
+    with _LIVE_LOCK:
+        clients = list(_LIVE)
+    return sum(client.abort(reason) for client in clients)
 
 class _Stream:
     """What has arrived so far for one request (mutable while the request runs)."""
@@ -132,6 +168,22 @@ class StreamClient:
         # The request being sent, so a caller interrupted mid-request (a greenlet killed when
         # locust stops) can still record what had arrived: `partial()`.
         self._current: _Stream | None = None
+        self._aborted: str | None = None
+        with _LIVE_LOCK:
+            _LIVE.add(self)
+
+    def abort(self, reason: str) -> bool:
+        """Cut the request in flight (from any thread); True when there was one. The client
+        stays usable: the next `send` opens a fresh connection."""
+        current, conn = self._current, self._conn
+        if current is None:
+            return False
+        self._aborted = reason
+        sock = conn.sock if conn is not None else None
+        if sock is not None:
+            with contextlib.suppress(OSError):  # already closed: the read ends on its own
+                sock.shutdown(socket.SHUT_RDWR)
+        return True
 
     def close(self) -> None:
         if self._conn is not None:
@@ -172,7 +224,11 @@ class StreamClient:
         parsed = urllib.parse.urlsplit(request.url)
         path = parsed.path + (f"?{parsed.query}" if parsed.query else "")
         got = _Stream(request, self.clock())
+        self._aborted = None
         self._current = got
+        with _ACTIVITY.lock:
+            _ACTIVITY.in_flight += 1
+            _ACTIVITY.last_data_s = time.monotonic()
         try:
             conn = self._connection(parsed)
             conn.request("POST", path, body=request.body, headers={
@@ -203,7 +259,13 @@ class StreamClient:
                        f"after {len(got.chunk_times)} tokens")
         except (OSError, http.client.HTTPException, ValueError, TypeError) as exc:
             self._fail(got, f"{type(exc).__name__} on {request.url}: {exc}".rstrip(": "))
-        self._current = None
+        finally:
+            self._current = None
+            with _ACTIVITY.lock:
+                _ACTIVITY.in_flight -= 1
+        if self._aborted is not None:  # whatever the cut socket made of it, say why it ended
+            self._fail(got, f"aborted: {self._aborted} (after {len(got.chunk_times)} tokens)")
+            self._aborted = None
         return got.response()
 
     def _fail(self, got: _Stream, message: str) -> None:
@@ -237,6 +299,7 @@ class StreamClient:
             now = self.clock()
             if not data:
                 return False
+            _ACTIVITY.last_data_s = time.monotonic()  # one store: no lock on the hot path
             for event in decoder.feed(dechunk.feed(data) if dechunk is not None else data):
                 got.events += 1
                 if event == b"[DONE]":
@@ -279,7 +342,7 @@ class StreamClient:
         """Handle one SSE event's data (stamped `now`). Malformed events raise ValueError."""
         try:
             chunk = json.loads(event)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: arrays nested past the limit
             raise ValueError(f"malformed stream event (not JSON): {event[:80]!r}") from None
         if not isinstance(chunk, dict):
             raise ValueError(f"malformed stream event (not an object): {event[:80]!r}")
@@ -305,7 +368,10 @@ class StreamClient:
     def _read_whole(self, response: http.client.HTTPResponse, got: _Stream) -> None:
         data = response.read()
         got.end_s = self.clock()
-        body = json.loads(data)
+        try:
+            body = json.loads(data)
+        except RecursionError:
+            raise ValueError(f"not a chat completion (nested too deeply): {data[:80]!r}") from None
         if not isinstance(body, dict) or not isinstance(body.get("choices"), list) or not (
                 body["choices"]) or not isinstance(body["choices"][0], dict):
             raise ValueError(f"not a chat completion: {data[:120]!r}")

@@ -22,6 +22,10 @@ the next one, which may set:
   `events` (raw SSE data payloads sent instead of the generated ones, e.g. `1` or
   `{"choices":[1]}`), `separator` (`"\\n\\n"`, `"\\r\\n\\r\\n"` or `"\\r\\r"`).
 
+A scripted reply may carry `match` (`{"model": "compressor"}`, `{"request_id_prefix": "bg-"}`:
+only a request that matches every key takes it; the background users' ids start with `bg-`) and
+`repeat` (taken by that many requests). A request takes the first entry it matches.
+
 A request body may also carry `"fake": {...}` with the same keys. `GET /fake/requests` returns
 every request body received (with its path and Authorization header); `POST /fake/reset`
 clears bodies, script and lateness. `loadgen.fakeprocess.FakeProcess` runs the server in a
@@ -69,6 +73,7 @@ class _State:
     running: int = 0
     requests: int = 0
     prompt_tokens: int = 0
+    generation_tokens: int = 0
     lateness_s: list[float] = field(default_factory=list)
     bodies: list[dict[str, Any]] = field(default_factory=list)
     script: deque[dict[str, Any]] = field(default_factory=deque)
@@ -154,7 +159,8 @@ class FakeServer:
                 return await _respond_json(writer, 400, {"error": {"message": "bad JSON"}})
             self.state.bodies.append({"path": path, "authorization": headers.get(
                 "authorization"), **request})
-            return await self._chat(request, received, writer)
+            return await self._chat(request, received, writer,
+                                    headers.get("x-request-id", ""))
         return await _respond_json(writer, 404, {"error": {"message": f"no route {path}"}})
 
     def stats(self) -> dict[str, Any]:
@@ -178,6 +184,8 @@ class FakeServer:
             f'vllm:kv_cache_usage_perc{{model_name="target"}} {min(1.0, s.running / 64)}',
             "# TYPE vllm:prefix_cache_queries counter",
             f'vllm:prefix_cache_queries_total{{model_name="target"}} {float(s.prompt_tokens)}',
+            "# TYPE vllm:generation_tokens counter",
+            f'vllm:generation_tokens_total{{model_name="target"}} {float(s.generation_tokens)}',
             "# TYPE vllm:prefix_cache_hits counter",
             'vllm:prefix_cache_hits_total{model_name="target"} 0.0',
             "# TYPE vllm:num_preemptions counter",
@@ -188,14 +196,29 @@ class FakeServer:
             "",
         ])
 
-    def _reply(self, body: dict[str, Any]) -> dict[str, Any]:
-        scripted = self.state.script.popleft() if self.state.script else {}
+    def _reply(self, body: dict[str, Any], request_id: str) -> dict[str, Any]:
+        scripted = self._scripted(body, request_id)
         fake = body.get("fake") or {}
         return {**scripted, **(fake if isinstance(fake, dict) else {})}
 
+    def _scripted(self, body: dict[str, Any], request_id: str) -> dict[str, Any]:
+        """The first queued reply this request matches (removed once its repeats are used)."""
+        for entry in self.state.script:
+            match = entry.get("match") or {}
+            if match.get("model") not in (None, body.get("model")) or not request_id.startswith(
+                    str(match.get("request_id_prefix") or "")):
+                continue
+            left = int(entry.get("repeat") or 1) - 1
+            if left > 0:
+                entry["repeat"] = left
+            else:
+                self.state.script.remove(entry)
+            return {k: v for k, v in entry.items() if k not in ("match", "repeat")}
+        return {}
+
     async def _chat(self, body: dict[str, Any], received: float,
-                    writer: asyncio.StreamWriter) -> bool:
-        reply = self._reply(body)
+                    writer: asyncio.StreamWriter, request_id: str = "") -> bool:
+        reply = self._reply(body, request_id)
         cfg = self.config
         if reply.get("status"):
             return await _respond_json(writer, int(reply["status"]),
@@ -294,6 +317,7 @@ class FakeServer:
             done = finish if i == len(pieces) - 1 else None
             event = {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": done}]}
             _write_event(writer, event, sep)
+            self.state.generation_tokens += 1
             self.state.lateness_s.append(loop.time() - due)
             await writer.drain()
         if usage is not None:

@@ -2,7 +2,8 @@
 
 One line per scrape: `t_s` (time.monotonic minus `origin_s`, stamped when the scrape returned),
 `num_requests_running`, `num_requests_waiting`, `kv_cache_usage` (0-1), the cumulative counters
-`prefix_cache_hits`, `prefix_cache_queries` (tokens) and `num_preemptions`, and the queue-time
+`prefix_cache_hits`, `prefix_cache_queries` (tokens), `num_preemptions` and `generation_tokens`
+(what the watchdog reads as "the server still streams"), and the queue-time
 histogram's `queue_time_sum_s` / `queue_time_count`. Values are summed over label sets (model
 names, engines); a metric the server does not export is null. A failed scrape (server gone,
 restarting, refusing) writes a line with `t_s` and `error` only, and sampling goes on: the gap
@@ -33,6 +34,7 @@ FIELDS: dict[str, tuple[tuple[str, ...], str]] = {
     "prefix_cache_queries": (("vllm:prefix_cache_queries", "vllm:gpu_prefix_cache_queries"),
                              "_total"),
     "num_preemptions": (("vllm:num_preemptions",), "_total"),
+    "generation_tokens": (("vllm:generation_tokens",), "_total"),
     "queue_time_sum_s": (("vllm:request_queue_time_seconds",), "_sum"),
     "queue_time_count": (("vllm:request_queue_time_seconds",), "_count"),
 }

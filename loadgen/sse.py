@@ -6,7 +6,9 @@ in CRLF, LF or CR, as the SSE specification allows (so events are separated by `
 whether it is half of a CRLF. Comments (`:` lines) and the `event`, `id` and `retry` fields are
 ignored; several `data` lines of one event are joined with `\\n`, as the specification says.
 
-`Dechunker.feed(bytes)` turns raw HTTP/1.1 chunked bytes into payload bytes.
+`Dechunker.feed(bytes)` turns raw HTTP/1.1 chunked bytes into payload bytes; a size line that is
+not a hexadecimal size raises `ValueError` (the client records it as the request's error).
+`SSEDecoder.feed` never raises.
 """
 
 from __future__ import annotations
@@ -84,7 +86,14 @@ class Dechunker:
             line_end = self.raw.find(b"\r\n")
             if line_end < 0:
                 break
-            size = int(self.raw[:line_end].split(b";", 1)[0], 16)
+            size_line = self.raw[:line_end]
+            try:
+                size = int(size_line.split(b";", 1)[0], 16)
+            except ValueError:
+                size = -1
+            if size < 0:
+                raise ValueError(f"malformed chunk size line {size_line[:40]!r} in a chunked "
+                                 "response")
             self.raw = self.raw[line_end + 2:]
             if size == 0:
                 self.finished = True  # trailers, if any, are ignored

@@ -386,7 +386,10 @@ def server_for(config: ServerConfig, url: str | None = None) -> Iterator[str]:
     if is_healthy(config.server_url):
         yield config.api_url
         return
-    print(f"starting a {config.profile.name} server on port {config.port} "
-          "(cold start takes about two minutes on 2 cores)...", file=sys.stderr, flush=True)
+    expect = {"fake": "the suite's fake engine: a second",
+              "cpu": "vLLM's CPU engine: a minute or two on 2 cores",
+              "cuda": "weights and compilation: minutes"}[config.profile.engine]
+    print(f"starting a {config.profile.name} server on port {config.port} ({expect})...",
+          file=sys.stderr, flush=True)
     with Server(config) as server:
         yield server.api_url

@@ -9,9 +9,22 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from serve.launcher import Server, ServerConfig, is_healthy, start_server
 from serve.profile import load_profile
+
+# Property-based fuzzing (hypothesis): the default run is derandomized and bounded so the fuzz
+# tests take seconds and give the same examples every time; COMPBENCH_FUZZ=long draws fresh
+# random examples, 50 times as many (`COMPBENCH_FUZZ=long make test-unit`). Tests that are slow
+# per example ask for a share of `settings.default.max_examples`, so they scale with the profile.
+settings.register_profile(
+    "default", derandomize=True, max_examples=100, deadline=None, database=None,
+    print_blob=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                            HealthCheck.function_scoped_fixture])
+settings.register_profile("long", parent=settings.get_profile("default"), derandomize=False,
+                          max_examples=5000)
+settings.load_profile(os.environ.get("COMPBENCH_FUZZ") or "default")
 
 
 def free_port() -> int:

@@ -254,9 +254,10 @@ def _paired(
     equal_turns: bool = False,
 ) -> PairedChange:
     if equal_turns:
-        chosen = [b for b in chosen if b[arm].turns is not None
+        chosen = [b for b in chosen if REFERENCE_ARM in b and b[arm].turns is not None
                   and b[arm].turns == b[REFERENCE_ARM].turns]
-    pairs = [(value(b[arm]), value(b[REFERENCE_ARM])) for b in chosen]
+    # A run whose manifest lists no clean arm has nothing to pair with: n=0, not a KeyError.
+    pairs = [(value(b[arm]), value(b[REFERENCE_ARM])) for b in chosen if REFERENCE_ARM in b]
     kept = [(a, c) for a, c in pairs if a is not None and c is not None and c != 0]
     return paired_change([a for a, _ in kept], [c for _, c in kept], rng)
 

@@ -15,6 +15,7 @@ why. Only a run folder that does not exist at all raises `RunFolderError`.
 from __future__ import annotations
 
 import json
+import math
 import types
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -69,6 +70,7 @@ class ArmRecord:
     completion_tokens: int | None = None
     history_tokens: int | None = None
     validation: bool | None = None
+    validation_tail: str | None = None  # the last 1,000 characters of the validation's output
     protocol_ok: bool | None = None
     started_s: float | None = None
     ended_s: float | None = None
@@ -312,6 +314,43 @@ def read_records(
     return tuple(records), tuple(issues)
 
 
+def load_manifest(path: Path) -> dict[str, Any]:
+    """A run's manifest.json as an object; a missing, unreadable, non-UTF-8, broken or non-object
+    file raises `RunFolderError` whose message starts with the path."""
+    try:
+        loaded = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RunFolderError(f"{path}: file is missing") from None
+    except UnicodeDecodeError as exc:
+        raise RunFolderError(f"{path}: not UTF-8 text (byte {exc.start}); restore it from a "
+                             "copy, or start a new run") from None
+    except json.JSONDecodeError as exc:
+        raise RunFolderError(f"{path}: not valid JSON: {exc.msg} (line {exc.lineno})") from None
+    except RecursionError:
+        raise RunFolderError(f"{path}: JSON nested too deeply") from None
+    except OSError as exc:
+        raise RunFolderError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if not isinstance(loaded, dict):
+        raise RunFolderError(f"{path}: not a JSON object")
+    return loaded
+
+
+def manifest_field(manifest: Mapping[str, Any], path: Path, name: str,
+                   kinds: type | tuple[type, ...]) -> Any:
+    """The manifest's field `name` (dotted: "config.regime") when it has one of `kinds`;
+    else `RunFolderError` naming the file and the field."""
+    value: Any = manifest
+    for part in name.split("."):
+        value = value.get(part) if isinstance(value, Mapping) else None
+    if not isinstance(value, kinds) or isinstance(value, bool) or (
+            isinstance(value, float) and not math.isfinite(value)):
+        wanted = "/".join(k.__name__ for k in (kinds if isinstance(kinds, tuple) else (kinds,)))
+        raise RunFolderError(f"{path}: field '{name}' is missing or not a usable {wanted} "
+                             f"(got {value!r:.40}); this manifest was not written by `make "
+                             "bench` (start a new run instead of resuming this one)")
+    return value
+
+
 def read_run(path: Path) -> RunRecords:
     """Read a run folder. Raises RunFolderError only when the folder itself is absent."""
     if not path.is_dir():
@@ -320,18 +359,11 @@ def read_run(path: Path) -> RunRecords:
         )
     issues: list[LoadIssue] = []
     manifest: dict[str, Any] = {}
-    manifest_path = path / MANIFEST_FILE
-    if not manifest_path.is_file():
-        issues.append(LoadIssue(MANIFEST_FILE, None, "file is missing"))
-    else:
-        try:
-            loaded = json.loads(manifest_path.read_text(encoding="utf-8"))
-            if isinstance(loaded, dict):
-                manifest = loaded
-            else:
-                issues.append(LoadIssue(MANIFEST_FILE, None, "not a JSON object"))
-        except json.JSONDecodeError as exc:
-            issues.append(LoadIssue(MANIFEST_FILE, exc.lineno, f"not valid JSON: {exc.msg}"))
+    try:
+        manifest = load_manifest(path / MANIFEST_FILE)
+    except RunFolderError as exc:
+        issues.append(LoadIssue(MANIFEST_FILE, None,
+                                str(exc).removeprefix(f"{path / MANIFEST_FILE}: ")))
     arms, arm_issues = read_records(path / ARMS_FILE, ArmRecord)
     # Imported study runs have no per-request or /metrics records; their absence is not a fault.
     requests, request_issues = read_records(path / REQUESTS_FILE, RequestRecord, required=False)

@@ -121,6 +121,7 @@ def arm_record(arm: Arm, result: ContinuationResult, *, policy: HistoryPolicy, w
         completion_tokens=_sum([r.completion_tokens for r in result.requests]),
         history_tokens=first.prompt_tokens if first else None,
         validation=result.validation.passed if result.validation else None,
+        validation_tail=result.validation.output[-1000:] if result.validation else None,
         protocol_ok=error is None, started_s=result.started_s - origin,
         ended_s=result.ended_s - origin, seed=seed, cache_mode=settings.config.cache,
         cache_salt=salt, fork_prompt_tokens=first.prompt_tokens if first else None,
@@ -211,7 +212,8 @@ def run_block(arms: list[Arm], *, settings: BlockSettings, regime: str, block: i
 
             result = continue_history(
                 arm.history, settings.task, arm_config, step_limit=config.step_limit,
-                clock=clock, policy=policy, on_request=record_request, gate=gate)
+                clock=clock, policy=policy, on_request=record_request, gate=gate,
+                wall_time_s=config.arm_wall_s)
             record = arm_record(arm, result, policy=policy, wire=wire, settings=settings,
                                 regime=regime, block=block, attempt=attempt, seed=seed,
                                 salt=salt, origin=writer.origin)

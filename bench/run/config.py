@@ -33,7 +33,8 @@ PLACEBO = "placebo"
 # The settings that make a run what it is: a resumed run takes them from its manifest.
 RUN_SETTINGS = ("regime", "task", "arms", "seed", "seeds", "cache", "protocol", "rewrite_cache",
                 "step_limit", "prompt", "blocks", "external_url", "locust_workers",
-                "speculative", "expert_parallel", "sweep")
+                "speculative", "expert_parallel", "stream_deadline_s", "compressor_deadline_s",
+                "arm_wall_s", "sweep")
 
 
 class SweepSettings(BaseModel):
@@ -120,6 +121,19 @@ class BenchConfig(BaseModel):
     speculative: bool | None = Field(default=None, description="SPEC=1: the profile's opt-in "
                                      "speculative decoding (None: as the profile has it)")
     expert_parallel: bool | None = Field(default=None, description="EP=1: expert parallelism")
+    stream_deadline_s: float = Field(
+        default=600.0, gt=0, description="STREAM_DEADLINE: the longest silence tolerated on a "
+        "target stream (a queued request's wait for its first token included); a stream silent "
+        "longer is cut and the arm fails with that reason")
+    compressor_deadline_s: float = Field(
+        default=300.0, gt=0, description="COMPRESSOR_DEADLINE: the same for compressor streams")
+    arm_wall_s: float = Field(
+        default=3600.0, gt=0, description="ARM_WALL_S: the longest postfork part of one arm; "
+        "past it the arm ends as TimeExceeded (a censored duration)")
+    stall_s: float = Field(
+        default=120.0, gt=0, description="STALL_S: the watchdog stops the run when requests are "
+        "in flight, the server still answers /health, and no stream has produced a token for "
+        "this long (a server that answers but no longer streams)")
     sweep: SweepSettings = Field(default_factory=SweepSettings,
                                  description="REGIME=sweep only: levels and their length")
 

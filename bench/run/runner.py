@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import signal
 import sys
 import threading
 import time
@@ -24,24 +23,33 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from types import FrameType
 from typing import Any, TextIO
 
 import numpy as np
 
 from bench.analysis.load import block_load
-from bench.analysis.runfolder import ArmRecord, BlockRecord, read_run, write_json
+from bench.analysis.runfolder import (
+    ArmRecord,
+    BlockRecord,
+    load_manifest,
+    manifest_field,
+    read_run,
+    write_json,
+)
 from bench.report.run_report import ReportFiles, write_report
 from bench.run.arm import Arm, arm_for
 from bench.run.block import BlockSettings, run_block
 from bench.run.config import PLACEBO, SWEEP, BenchConfig, default_blocks, regime_users
 from bench.run.manifest import build_manifest, history_hashes
 from bench.run.progress import Progress
+from bench.run.stop import RunStop
+from bench.run.watchdog import Watchdog
 from bench.run.writer import RunWriter
-from common.errors import SuiteError
-from common.files import JsonlWriter
+from common.errors import ExitCode, SuiteError
+from common.files import JsonlWriter, RecordWriteError
 from common.paths import histories_root
 from histories.agent.chat import config_for_profile
+from histories.agent.sandbox import confinement
 from histories.compaction.compactor import (
     CompactionCache,
     CompressorConfig,
@@ -53,6 +61,7 @@ from histories.compaction.prompts import REWRITE_PROMPTS
 from histories.format.history import load_history
 from histories.tasks.task import load_task
 from loadgen.background import BackgroundLoad, BackgroundLoadError, ServiceProbe
+from loadgen.metrics import MetricsSampler
 from serve.launcher import LazyServer, ServerConfig, is_healthy, server_for, server_version
 from serve.profile import EXTERNAL_COMPRESSOR_PROFILE, Profile, load_profile, resolve_profile
 
@@ -70,6 +79,7 @@ class RunOutcome:
     records: list[ArmRecord]
     report: ReportFiles | None
     aborted: str | None
+    exit_code: ExitCode = ExitCode.OK  # FAILED, or INTERRUPTED for a signal
 
 
 def history_paths(task: str, arms: tuple[str, ...]) -> dict[str, Path]:
@@ -118,15 +128,14 @@ def open_run(config: BenchConfig, prints: dict[str, Any]
             known = sorted(p.parent.name for p in results.glob("*/manifest.json"))
             raise BenchError(f"cannot resume {config.resume}: {manifest_path} does not exist "
                              f"(runs in {results}: {', '.join(known) or 'none'})")
-        try:
-            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise BenchError(f"cannot resume {config.resume}: {manifest_path} is not readable "
-                             f"JSON ({exc}); start a new run") from None
-        was = manifest.get("fingerprint") if isinstance(manifest, dict) else None
+        manifest = load_manifest(manifest_path)  # what resuming reads is checked up front
+        manifest_field(manifest, manifest_path, "config.regime", str)
+        manifest_field(manifest, manifest_path, "regime.blocks", int)
+        manifest_field(manifest, manifest_path, "clock_origin_monotonic", (int, float))
+        was = manifest.get("fingerprint")
         if not isinstance(was, dict):
-            raise BenchError(f"cannot resume {config.resume}: its manifest has no fingerprint "
-                             "(made by an older version); start a new run")
+            raise BenchError(f"cannot resume {config.resume}: {manifest_path} has no "
+                             "fingerprint (made by an older version); start a new run")
         if changed := _differences(was, prints):
             raise BenchError(f"cannot resume {config.resume}: this is not the same run: "
                              + "; ".join(changed) + " (start a new run, or resume with the "
@@ -167,14 +176,15 @@ def _compressors(config: BenchConfig, profile: Profile, target_url: str, run_dir
     if config.prompt not in REWRITE_PROMPTS:
         raise BenchError(f"unknown prompt {config.prompt!r}; use one of "
                          f"{', '.join(REWRITE_PROMPTS)}")
-    found = Compressors({"self": self_compressor(
-        target_url, model=profile.model.compressor_name, prompt=config.prompt)}, {})
+    found = Compressors({"self": _deadline(self_compressor(
+        target_url, model=profile.model.compressor_name, prompt=config.prompt), config)}, {})
     if "external" not in config.arms:
         yield found
         return
     if config.external_url is not None:
         with server_for(ServerConfig(profile=profile), config.external_url) as url:
-            found.configs["external"] = external_compressor(url, prompt=config.prompt)
+            found.configs["external"] = _deadline(external_compressor(url, prompt=config.prompt),
+                                                  config)
             yield found
         return
     if profile.engine != "cpu":
@@ -186,12 +196,19 @@ def _compressors(config: BenchConfig, profile: Profile, target_url: str, run_dir
                       events=run_dir / "helpers.jsonl", origin=origin)
     try:
         # the embedded Gemma is a base model that rambles: its first draft is capped per word
-        found.configs["external"] = external_compressor(
-            lazy.config.api_url, prompt=config.prompt, max_tokens_per_raw_word=2.0)
+        found.configs["external"] = _deadline(external_compressor(
+            lazy.config.api_url, prompt=config.prompt, max_tokens_per_raw_word=2.0), config)
         found.hooks["external"] = lazy.ensure
         yield found
     finally:
         lazy.stop()
+
+
+def _deadline(compressor: CompressorConfig, config: BenchConfig) -> CompressorConfig:
+    """The compressor with the run's stream deadline (COMPRESSOR_DEADLINE)."""
+    endpoint = compressor.endpoint.model_copy(
+        update={"request_timeout_s": config.compressor_deadline_s})
+    return compressor.model_copy(update={"endpoint": endpoint})
 
 
 def _block_passes(run_dir: Path, regime: str, arms: tuple[str, ...]
@@ -199,11 +216,17 @@ def _block_passes(run_dir: Path, regime: str, arms: tuple[str, ...]
     """(blocks done, the pass a block not done runs as). A block is done when its block record
     exists and every arm has its original record of that pass; a block a crash cut short
     (records of some arms, no block record) runs again in full as the next pass, and analysis
-    uses only its last pass."""
+    uses only its last pass. So does a block whose load made it invalid (the background died,
+    was refused, never queued): a resumed run measures it again under a working load."""
     if not (run_dir / "arms.jsonl").exists():
         return set(), {}
     folder = read_run(run_dir)
-    closed = {b.block: b.block_pass or 1 for b in folder.blocks if b.regime == regime}
+    latest: dict[int, BlockRecord] = {}
+    for b in folder.blocks:
+        if b.regime == regime and (b.block_pass or 1) >= (
+                latest[b.block].block_pass or 1 if b.block in latest else 0):
+            latest[b.block] = b
+    closed = {n: b.block_pass or 1 for n, b in latest.items() if not b.invalid_reasons}
     seen: dict[tuple[int, int], set[str]] = {}
     highest: dict[int, int] = {}
     for r in folder.arms:
@@ -211,7 +234,8 @@ def _block_passes(run_dir: Path, regime: str, arms: tuple[str, ...]
             seen.setdefault((r.block, r.block_pass or 1), set()).add(r.arm)
             highest[r.block] = max(highest.get(r.block, 0), r.block_pass or 1)
     done = {b for b, p in closed.items() if set(arms) <= seen.get((b, p), set())}
-    return done, {b: p + 1 for b, p in highest.items() if b not in done}
+    return done, {b: max(p, latest[b].block_pass or 1 if b in latest else 0) + 1
+                  for b, p in highest.items() if b not in done}
 
 
 def _failed_arms(run_dir: Path, regime: str) -> list[tuple[int, str]]:
@@ -254,21 +278,27 @@ class LoadMonitor:
         self.writer.close()
 
 
+@dataclass
+class Telemetry:
+    sampler: MetricsSampler
+    monitor: LoadMonitor | None  # None: the regime has no background users
+
+
 @contextmanager
 def _telemetry(config: BenchConfig, url: str, run_dir: Path, origin: float, users: int,
-               profile: Profile, probe: ServiceProbe | None) -> Iterator[LoadMonitor | None]:
+               profile: Profile, probe: ServiceProbe | None) -> Iterator[Telemetry]:
     """Server metrics and GPU samplers for the whole run; background users when the regime has
     any, living exactly as long as the run (started before the first block and steady before
     it begins), with a monitor sampling them."""
     from loadgen.background import BackgroundConfig, ReplayOptions
     from loadgen.gpu import GpuSampler
-    from loadgen.metrics import MetricsSampler
 
     with ExitStack() as stack:
-        stack.enter_context(MetricsSampler(url, run_dir / "metrics.jsonl", origin=origin))
+        sampler = stack.enter_context(MetricsSampler(url, run_dir / "metrics.jsonl",
+                                                     origin=origin))
         stack.enter_context(GpuSampler(run_dir / "gpu.jsonl", origin=origin))
         if not users:
-            yield None
+            yield Telemetry(sampler, None)
             return
         # Small models without a reasoning field or tool calls get old reasoning and tool
         # calls inline as text, so background prompts keep realistic lengths. Turns whose
@@ -285,25 +315,8 @@ def _telemetry(config: BenchConfig, url: str, run_dir: Path, origin: float, user
             spawn_rate=max(1.0, users / 10), max_model_len=profile.engine_args.max_model_len,
             state_dir=run_dir / "background", duration_s=None)))
         load.wait_steady(timeout_s=600)
-        yield stack.enter_context(LoadMonitor(load, run_dir / "load.jsonl", origin))
-
-
-def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt(signal.Signals(signum).name)
-
-
-@contextmanager
-def _signals() -> Iterator[None]:
-    """SIGTERM and SIGHUP end the run like Ctrl-C: cleanup runs, records stay, RESUME hint."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        yield Telemetry(sampler, stack.enter_context(
+            LoadMonitor(load, run_dir / "load.jsonl", origin)))
 
 
 def resumed_config(config: BenchConfig) -> BenchConfig:
@@ -318,6 +331,27 @@ def resumed_config(config: BenchConfig) -> BenchConfig:
     return config.resumed(previous) if isinstance(previous, dict) else config
 
 
+@dataclass
+class _Run:
+    """What one run of `run_bench` carries between its phases."""
+
+    config: BenchConfig
+    profile: Profile
+    run_id: str
+    run_dir: Path
+    manifest: dict[str, Any] | None
+    origin: float
+    users: int
+    total: int
+    done: set[int]
+    passes: dict[int, int]
+    stop: RunStop
+
+    @property
+    def hint(self) -> str:
+        return f"finished records are in {self.run_dir}; continue with RESUME={self.run_id}"
+
+
 def run_bench(config: BenchConfig, *, stream: TextIO = sys.stderr) -> RunOutcome:
     config = resumed_config(config)
     if config.regime == SWEEP:  # closed-loop fleets instead of blocks: bench/run/sweep.py
@@ -330,73 +364,128 @@ def run_bench(config: BenchConfig, *, stream: TextIO = sys.stderr) -> RunOutcome
                                         expert_parallel=config.expert_parallel)
     task = load_task(config.task)
     task.check_runnable()
+    sandbox = confinement()  # before anything starts: no unconfined agent unless asked
     paths = history_paths(config.task, config.arms)
     prints = fingerprint(config, profile, paths)
     run_id, run_dir, manifest = open_run(config, prints)
     users = regime_users(config.regime, profile)
-    total = config.blocks or (int(manifest["regime"]["blocks"]) if manifest
-                              else default_blocks(config.regime, profile))
     done, passes = _block_passes(run_dir, config.regime, config.arms)
-    origin = float(manifest["clock_origin_monotonic"]) if manifest else time.monotonic()
+    run = _Run(config=config, profile=profile, run_id=run_id, run_dir=run_dir,
+               manifest=manifest, users=users,
+               origin=float(manifest["clock_origin_monotonic"]) if manifest else time.monotonic(),
+               total=config.blocks or (int(manifest["regime"]["blocks"]) if manifest
+                                       else default_blocks(config.regime, profile)),
+               done=done, passes=passes, stop=RunStop())
     records: list[ArmRecord] = []
     aborted = None
-    with _signals(), server_for(ServerConfig(profile=profile, port=config.port),
-                                config.server_url) as url, \
-            _compressors(config, profile, url, run_dir, origin) as compressors:
-        check = _selfcheck(config, url, profile, run_dir)
-        arms = build_arms(config, paths, compressors)
-        model = config_for_profile(profile, url, config.seed)
-        probe = _probe(url, profile, users)
-        if manifest is None:
-            manifest = build_manifest(config, profile, run_id=run_id, api_url=url,
-                                      server_version=server_version(url),
-                                      histories=history_hashes(paths), users=users, blocks=total)
-            manifest.update({"clock_origin_monotonic": origin, "fingerprint": prints,
-                             "structured_text": model.structured_text,
-                             "service_probe": asdict(probe) if probe else None,
-                             "selfcheck": check})
-            write_json(run_dir / "manifest.json", manifest)
-        print(f"[bench] run {run_id}: {config.regime}, {users} background users, blocks "
-              f"{len(done)}/{total} already done, arms {', '.join(config.arms)} -> {run_dir}",
-              file=stream, flush=True)
-        writer = RunWriter(run_dir, origin)
-        settings = BlockSettings(
-            config=config, run_id=run_id, task=task, model=model,
-            protocol=config.protocol_for(profile),
-            block_size=profile.engine_args.block_size or DEFAULT_KV_BLOCK,
-            ledger=Ledger(run_dir / "ledger.jsonl"))
-        progress = Progress(total_blocks=total, url=url, stream=stream)
-        progress.done = len(done)
-        todo = [b for b in range(1, total + 1) if b not in done]
-        try:
-            with _telemetry(config, url, run_dir, origin, users, profile, probe) as monitor:
-                progress.start()
-                for block in todo:
-                    if monitor is not None:
-                        monitor.load.check()  # alive, authorised and answering, or stop here
-                        monitor.load.set_block(block)
-                        monitor.block = block
-                    records += _one_block(arms, settings, block, writer, progress, users,
-                                          passes.get(block, 1))
-                    if not is_healthy(url):
-                        aborted = (f"the server at {url} stopped answering during block {block}"
-                                   f"; finished records are in {run_dir}; after restarting it, "
-                                   f"continue with RESUME={run_id}")
-                        break
-                if config.recover and aborted is None:
-                    records += _recover(arms, settings, run_dir, writer)
-        except BackgroundLoadError as exc:
-            aborted = (f"{exc}".splitlines()[0] + f"; the blocks so far are on record in "
-                       f"{run_dir} (a block whose load failed is marked invalid); continue "
-                       f"with RESUME={run_id}")
-        except KeyboardInterrupt as exc:
-            aborted = (f"interrupted ({exc or 'Ctrl-C'}); finished records are in {run_dir}; "
-                       f"continue with RESUME={run_id}")
-        finally:
-            progress.stop()
-            writer.close()
-    report = None if not records and not done else write_report(run_dir, seed=config.seed)
-    return RunOutcome(run_dir=run_dir, records=records, report=report, aborted=aborted)
+    # the handlers cover cleanup and the report: a late Ctrl-C cannot leave a server running
+    # or a report half-written
+    with run.stop.signals(stream):
+        with server_for(ServerConfig(profile=profile, port=config.port), config.server_url
+                        ) as url, _compressors(config, profile, url, run_dir, run.origin
+                                               ) as compressors:
+            check = _selfcheck(config, url, profile, run_dir)
+            arms = build_arms(config, paths, compressors)
+            model = config_for_profile(profile, url, config.seed).model_copy(
+                update={"request_timeout_s": config.stream_deadline_s})
+            probe = _probe(url, profile, users)
+            if run.manifest is None:
+                run.manifest = build_manifest(
+                    config, profile, run_id=run_id, api_url=url,
+                    server_version=server_version(url), histories=history_hashes(paths),
+                    users=users, blocks=run.total)
+                run.manifest.update({
+                    "clock_origin_monotonic": run.origin, "fingerprint": prints,
+                    "structured_text": model.structured_text,
+                    "service_probe": asdict(probe) if probe else None, "selfcheck": check,
+                    "sandbox": sandbox.describe()})
+                write_json(run_dir / "manifest.json", run.manifest)
+            print(f"[bench] run {run_id}: {config.regime}, {users} background users, blocks "
+                  f"{len(done)}/{run.total} already done, arms {', '.join(config.arms)}, agent "
+                  f"commands confined by {sandbox.level} -> {run_dir}", file=stream, flush=True)
+            settings = BlockSettings(
+                config=config, run_id=run_id, task=task, model=model,
+                protocol=config.protocol_for(profile),
+                block_size=profile.engine_args.block_size or DEFAULT_KV_BLOCK,
+                ledger=Ledger(run_dir / "ledger.jsonl"))
+            records, aborted = _blocks(run, arms, settings, url, probe, stream)
+        if run.stop.reason is not None:
+            aborted = run.stop.reason.message
+            if "RESUME=" not in aborted:
+                aborted += f"; {run.hint}"
+        report = None
+        if records or done:
+            try:
+                report = write_report(run_dir, seed=config.seed)
+            except (OSError, SuiteError) as exc:  # a full disk: the records are safe
+                why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+                aborted = ((aborted + "; ") if aborted else "") + (
+                    f"the report could not be written ({why.splitlines()[0]}); once fixed, "
+                    f"`make report RUN={run_id}` writes it from the records")
+    code = (run.stop.reason.exit_code if run.stop.reason is not None
+            else ExitCode.FAILED if aborted else ExitCode.OK)
+    return RunOutcome(run_dir=run_dir, records=records, report=report, aborted=aborted,
+                      exit_code=code)
+
+
+def _blocks(run: _Run, arms: list[Arm], settings: BlockSettings, url: str,
+            probe: ServiceProbe | None, stream: TextIO) -> tuple[list[ArmRecord], str | None]:
+    """Every block not done yet, under the run's telemetry and watchdog: (records, why the run
+    ended early or None). A stop (signal, watchdog, unwritable records) ends it at once."""
+    config, stop = run.config, run.stop
+
+    def unwritable(exc: RecordWriteError) -> None:
+        stop.stop(f"{exc}".splitlines()[0] + "; free space or fix the folder, then "
+                  f"continue with RESUME={run.run_id}")
+
+    writer = RunWriter(run.run_dir, run.origin, on_failure=unwritable)
+    stop.on_stop = writer.cancel
+    for name in writer.repaired:
+        print(f"[bench] {name}: its last line was cut short by a crash; readers skip it and new "
+              "records start on a fresh line", file=stream, flush=True)
+    progress = Progress(total_blocks=run.total, url=url, stream=stream)
+    progress.done = len(run.done)
+    records: list[ArmRecord] = []
+    aborted = None
+    try:
+        with _telemetry(config, url, run.run_dir, run.origin, run.users, run.profile,
+                        probe) as telemetry, \
+                Watchdog(url, config.stall_s, lambda why: _stop_for(stop, f"{why}; {run.hint}"),
+                         healthy=is_healthy, sampler=telemetry.sampler):
+            monitor = telemetry.monitor
+            progress.start()
+            for block in [b for b in range(1, run.total + 1) if b not in run.done]:
+                if monitor is not None:
+                    monitor.load.check()  # alive, authorised and answering, or stop here
+                    monitor.load.set_block(block)
+                    monitor.block = block
+                found, closed = _one_block(arms, settings, block, writer, progress, run.users,
+                                           run.passes.get(block, 1), lambda: is_healthy(url))
+                records += found
+                if not closed:
+                    aborted = (f"the server at {url} stopped answering during block {block} "
+                               f"(the block is left open: RESUME runs it again in full); "
+                               f"{run.hint} after restarting it")
+                    break
+            if monitor is not None and aborted is None:
+                monitor.load.check()  # the last block's load is checked like every other
+            if config.recover and aborted is None:
+                records += _recover(arms, settings, run.run_dir, writer)
+    except BackgroundLoadError as exc:
+        aborted = (f"{exc}".splitlines()[0] + f"; the blocks so far are on record in "
+                   f"{run.run_dir} (a block whose load failed is marked invalid); continue "
+                   f"with RESUME={run.run_id}")
+    except KeyboardInterrupt as exc:
+        stop.stop(f"interrupted ({exc or 'Ctrl-C'})", ExitCode.INTERRUPTED,
+                  interrupt_main=False)  # a KeyboardInterrupt no handler saw: still stop
+    finally:
+        progress.stop()
+        writer.close()
+    return records, aborted
+
+
+def _stop_for(stop: RunStop, message: str) -> None:
+    stop.stop(message)
 
 
 def _selfcheck(config: BenchConfig, url: str, profile: Profile, run_dir: Path
@@ -430,7 +519,11 @@ def _probe(url: str, profile: Profile, users: int) -> ServiceProbe | None:
 
 
 def _one_block(arms: list[Arm], settings: BlockSettings, block: int, writer: RunWriter,
-               progress: Progress, users: int, block_pass: int) -> list[ArmRecord]:
+               progress: Progress, users: int, block_pass: int,
+               server_ok: Callable[[], bool]) -> tuple[list[ArmRecord], bool]:
+    """Run one block; (its arm records, whether it was closed). A block after which the server
+    no longer answers gets no block record: its failures are the server's, not the arms', so
+    `RESUME` runs it again in full as its next pass (the arm records stay, as pass 1)."""
     config = settings.config
     rng = np.random.default_rng([config.seed, block])
     for arm in arms:
@@ -445,6 +538,8 @@ def _one_block(arms: list[Arm], settings: BlockSettings, block: int, writer: Run
     started, ended = outcome.started_s - origin, outcome.ended_s - origin
     with contextlib.suppress(OSError):
         writer.sync()
+    if not server_ok():
+        return outcome.records, False
     folder = read_run(writer.run_dir)
     load = block_load(config.regime, users, started, ended,
                       [r for r in folder.requests if r.regime == config.regime],
@@ -457,7 +552,7 @@ def _one_block(arms: list[Arm], settings: BlockSettings, block: int, writer: Run
         block_pass=block_pass if block_pass > 1 else None))
     writer.sync()
     progress.block_finished(ended - started)
-    return outcome.records
+    return outcome.records, True
 
 
 def _recover(arms: list[Arm], settings: BlockSettings, run_dir: Path,

@@ -10,12 +10,19 @@ A continuation never raises for what happens inside it: a failure in setup, the 
 patch capture or validation is recorded with its phase (`error`, `error_phase`) and the timing
 so far, so the bench always gets a result to record. `gate`, when given, is called once between
 setup and the first request (the bench releases a block's arms together through it).
+
+`wall_time_s` bounds the postfork part: mini-swe-agent's own limit ends the run between steps
+(`TimeExceeded`, a terminal status), and a timer cuts a request still in flight when the limit
+passes, so no wait outlives it; either way the status is `TimeExceeded` and the time is the
+limit's (a censored duration, recorded as such by its status).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
@@ -34,6 +41,18 @@ from histories.format.reasoning import block_text, thought_label
 from histories.policies.base import HistoryPolicy
 from histories.tasks.task import Task
 from loadgen.client import PreparedRequest, RequestRecord, prepare
+
+WALL_LIMIT = "the arm's wall-time limit passed"
+
+
+def _wall_timer(model: ChatModel, wall_time_s: float | None) -> threading.Timer | None:
+    """A timer that aborts the model's request in flight when the wall-time limit passes."""
+    if wall_time_s is None:
+        return None
+    timer = threading.Timer(wall_time_s, model.client.abort, args=(WALL_LIMIT,))
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 @dataclass(frozen=True)
@@ -152,6 +171,7 @@ def continue_history(history: History, task: Task, config: ChatModelConfig, *,
                      policy: HistoryPolicy | None = None,
                      on_request: Callable[[RequestRecord, PreparedRequest], None] | None = None,
                      gate: Callable[[], None] | None = None,
+                     wall_time_s: float | None = None,
                      ) -> ContinuationResult:
     """Continue `history` from its fork; failures are recorded, not raised (module docstring).
 
@@ -189,15 +209,27 @@ def continue_history(history: History, task: Task, config: ChatModelConfig, *,
                 released = True
                 gate()
             start = clock()
-            agent = HistoryAgent(model, episode.env, seed_messages=seeded, **episode.settings)
+            settings = dict(episode.settings)
+            if wall_time_s is not None:
+                settings["wall_time_limit_seconds"] = max(1, math.ceil(wall_time_s))
+            agent = HistoryAgent(model, episode.env, seed_messages=seeded, **settings)
             if error is None:
+                timer = _wall_timer(model, wall_time_s)
                 try:
                     result = agent.run(task.spec.issue)
                     status = str(result.get("exit_status", ""))
                     submission = str(result.get("submission", ""))
                 except Exception as exc:  # the per-arm boundary: record, keep the timing
-                    error, phase = f"{type(exc).__name__}: {exc}", "run"
-                    status = "TransportError" if isinstance(exc, TransportError) else "AgentError"
+                    if timer is not None and timer.finished.is_set() and isinstance(
+                            exc, TransportError):
+                        status = "TimeExceeded"  # the limit cut the request in flight
+                    else:
+                        error, phase = f"{type(exc).__name__}: {exc}", "run"
+                        status = ("TransportError" if isinstance(exc, TransportError)
+                                  else "AgentError")
+                finally:
+                    if timer is not None:
+                        timer.cancel()
             messages, turns = agent.messages or messages, agent.n_calls
             try:
                 patch = episode.patch()

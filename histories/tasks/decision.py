@@ -243,30 +243,52 @@ class DecisionSession:
         return result_text(phase.result), correct, False
 
 
-def _phase(raw: dict[str, Any]) -> Phase:
-    return Phase(name=raw["name"], description=raw["description"],
-                 argument_list=raw.get("argument_list"),
+_TASK_FIELDS = {"id": str, "title": str, "case_id": str, "user_prompt": str, "fork_after": int,
+                "final_answer": str, "phases": list, "distractor": dict}
+_PHASE_FIELDS = {"name": str, "description": str, "expected_arguments": dict, "result": object}
+
+
+def _checked(raw: Any, fields: dict[str, type], where: str) -> dict[str, Any]:
+    """`raw` when it is an object whose `fields` have their types; else the refusal."""
+    if not isinstance(raw, dict):
+        raise DecisionTaskError(f"{where}: must be a JSON object, got {type(raw).__name__}")
+    for key, kind in fields.items():
+        value = raw.get(key, KeyError)  # KeyError: absent (null is a value only for `object`)
+        if value is KeyError or not isinstance(value, kind) or (isinstance(value, bool)
+                                                                 and kind is int):
+            got = "nothing" if value is KeyError else type(value).__name__
+            raise DecisionTaskError(f"{where}: field {key!r} must be {kind.__name__}, got {got}")
+    return raw
+
+
+def _phase(raw: Any, where: str) -> Phase:
+    raw = _checked(raw, _PHASE_FIELDS, where)
+    listed = raw.get("argument_list")
+    if listed is not None and not (isinstance(listed, str) and isinstance(
+            raw["expected_arguments"].get(listed), list)):
+        raise DecisionTaskError(f"{where}: field 'argument_list' names {listed!r}, which is not "
+                                "a list in expected_arguments")
+    return Phase(name=raw["name"], description=raw["description"], argument_list=listed,
                  expected_arguments=dict(raw["expected_arguments"]), result=raw["result"])
 
 
-def _task(raw: dict[str, Any], path: Path) -> DecisionTask:
-    task_id = raw.get("id", "?")
-    try:
-        phases = tuple(_phase(p) for p in raw["phases"])
-        task = DecisionTask(id=raw["id"], title=raw["title"], case_id=raw["case_id"],
-                            user_prompt=raw["user_prompt"], fork_after=int(raw["fork_after"]),
-                            final_answer=raw["final_answer"], phases=phases,
-                            distractor=dict(raw["distractor"]))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise DecisionTaskError(f"{path}: task {task_id!r}: missing or malformed field "
-                                f"{exc}") from exc
-    names = [p.name for p in phases] + [task.distractor.get("name")]
-    if not 0 < task.fork_after < len(phases):
-        raise DecisionTaskError(f"{path}: task {task_id!r}: field 'fork_after': "
-                                f"{task.fork_after} is not between 1 and {len(phases) - 1}")
+def _task(raw: Any, path: Path, number: int) -> DecisionTask:
+    task_id = raw.get("id", f"#{number}") if isinstance(raw, dict) else f"#{number}"
+    where = f"{path}: task {task_id!r}"
+    raw = _checked(raw, _TASK_FIELDS, where)
+    phases = tuple(_phase(p, f"{where}: phases[{i}]") for i, p in enumerate(raw["phases"]))
+    distractor = _checked(raw["distractor"], {"name": str, "description": str, "result": object},
+                          f"{where}: distractor")
+    names = [p.name for p in phases] + [distractor["name"]]
+    if not 0 < raw["fork_after"] < len(phases):
+        raise DecisionTaskError(f"{where}: field 'fork_after': "
+                                f"{raw['fork_after']} is not between 1 and {len(phases) - 1}")
     if len(set(names)) != len(names):
-        raise DecisionTaskError(f"{path}: task {task_id!r}: tool names repeat: {names}")
-    return task
+        raise DecisionTaskError(f"{where}: tool names repeat: {names}")
+    return DecisionTask(id=raw["id"], title=raw["title"], case_id=raw["case_id"],
+                        user_prompt=raw["user_prompt"], fork_after=raw["fork_after"],
+                        final_answer=raw["final_answer"], phases=phases,
+                        distractor=dict(distractor))
 
 
 def load_decision_tasks(path: str | Path | None = None) -> dict[str, DecisionTask]:
@@ -283,9 +305,14 @@ def load_decision_tasks(path: str | Path | None = None) -> dict[str, DecisionTas
     except json.JSONDecodeError as exc:
         raise DecisionTaskError(f"{source}: broken JSON at line {exc.lineno} column "
                                 f"{exc.colno}: {exc.msg}") from exc
+    except RecursionError:
+        raise DecisionTaskError(f"{source}: JSON nested too deeply to be a tasks file") from None
     if not isinstance(raw, list):
         raise DecisionTaskError(f"{source}: expected a JSON list of tasks")
-    tasks = [_task(item, source) for item in raw]
+    tasks = [_task(item, source, number) for number, item in enumerate(raw)]
+    ids = [task.id for task in tasks]
+    if repeated := sorted({i for i in ids if ids.count(i) > 1}):
+        raise DecisionTaskError(f"{source}: task ids repeat: {', '.join(repeated)}")
     return {task.id: task for task in tasks}
 
 

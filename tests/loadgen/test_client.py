@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from common.net import free_port
-from loadgen.client import RequestRecord, Response, StreamClient, prepare, send_once
+from loadgen.client import RequestRecord, Response, StreamClient, abort_all, prepare, send_once
 from loadgen.fakeprocess import FakeProcess
 from loadgen.sse import Dechunker, SSEDecoder
 
@@ -93,6 +93,21 @@ def test_a_stalled_stream_is_cut_at_the_inactivity_deadline(fake: FakeProcess) -
     assert r.status == "error" and "timed out" in (r.error or "")
     assert "after 2 tokens" in (r.error or "") and len(r.chunk_times_s) == 2
     assert r.end_s is not None and r.end_s - r.chunk_times_s[-1] < 2.0
+
+
+def test_abort_from_another_thread_cuts_a_stalled_stream_at_once(fake: FakeProcess) -> None:
+    client = StreamClient(read_timeout_s=60)
+    timer = threading.Timer(0.5, abort_all, args=("Ctrl-C",))
+    timer.start()
+    r = client.send(prepare(fake.api_url, {"model": "target", "messages": MESSAGES, "fake": {
+        "stall_after_tokens": 2, "stall_s": 30}}, request_id="cut")).record
+    assert r.status == "error" and r.error == "aborted: Ctrl-C (after 2 tokens)"
+    assert r.end_s is not None and r.end_s - r.sent_s < 5.0  # not the 30 s stall
+    ok = client.send(prepare(fake.api_url, {"model": "target", "messages": MESSAGES,
+                                            "max_tokens": 2}, request_id="next")).record
+    client.close()
+    assert ok.status == "ok"  # the client stays usable
+    assert client.abort("nothing in flight") is False
 
 
 def test_http_error_status_is_recorded_once(fake: FakeProcess) -> None:

@@ -23,6 +23,8 @@ vllm:prefix_cache_hits_total{engine="0",model_name="target"} 1664.0
 vllm:num_preemptions_total{engine="0",model_name="target"} 2.0
 vllm:request_queue_time_seconds_sum{engine="0",model_name="target"} 3.5
 vllm:request_queue_time_seconds_count{engine="0",model_name="target"} 10.0
+vllm:generation_tokens_total{engine="0",model_name="target"} 700.0
+vllm:generation_tokens_total{engine="1",model_name="target"} 77.0
 """
 
 
@@ -31,7 +33,8 @@ def test_parse_sums_label_sets() -> None:
     assert values == {"num_requests_running": 4.0, "num_requests_waiting": 5.0,
                       "kv_cache_usage": 0.25, "prefix_cache_hits": 1664.0,
                       "prefix_cache_queries": 2884.0, "num_preemptions": 2.0,
-                      "queue_time_sum_s": 3.5, "queue_time_count": 10.0}
+                      "queue_time_sum_s": 3.5, "queue_time_count": 10.0,
+                      "generation_tokens": 777.0}
     assert parse_metrics("")["num_requests_waiting"] is None
 
 

@@ -82,8 +82,11 @@ def normalize_message(raw: dict[str, Any]) -> dict[str, Any]:
         reasoning = "\n".join(t for t in texts if isinstance(t, str)) or None
     if isinstance(reasoning, str):
         message["reasoning"] = reasoning
-    if raw.get("tool_calls"):
-        message["tool_calls"] = [_normalize_call(c) for c in raw["tool_calls"]]
+    calls = raw.get("tool_calls")
+    if isinstance(calls, list) and calls:
+        message["tool_calls"] = [_normalize_call(c) for c in calls]
+    elif calls:  # not a list (`tool_calls: 1`): kept, so validation refuses it by field
+        message["tool_calls"] = calls
     if message["content"] is None and not message.get("tool_calls"):
         message["content"] = ""
     for key in ("tool_call_id", "name"):
@@ -94,7 +97,9 @@ def normalize_message(raw: dict[str, Any]) -> dict[str, Any]:
     leftovers = {k: v for k, v in raw.items()
                  if k not in MESSAGE_KEYS and k not in folded and v is not None}
     if leftovers:
-        extra["source_fields"] = {**extra.get("source_fields", {}), **leftovers}
+        prior = extra.get("source_fields", {})
+        extra["source_fields"] = {**(prior if isinstance(prior, dict) else {"value": prior}),
+                                  **leftovers}
     if extra or "extra" in raw:
         message["extra"] = extra
     return message

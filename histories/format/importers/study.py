@@ -50,13 +50,24 @@ def _echo(message: dict[str, Any]) -> dict[str, Any]:
     return echoed
 
 
+def _object(value: Any) -> dict[str, Any]:
+    """`value` where it is a JSON object, else {}: a malformed part reads as absent, and the
+    fields that must be there are refused by name where they are checked."""
+    return value if isinstance(value, dict) else {}
+
+
+def _first_choice(turn: dict[str, Any]) -> dict[str, Any]:
+    choices = _object(turn.get("response")).get("choices")
+    return _object(choices[0]) if isinstance(choices, list) and choices else {}
+
+
 def _turn_extra(turn: dict[str, Any]) -> dict[str, Any]:
-    response = turn.get("response") or {}
-    choice = (response.get("choices") or [{}])[0]
+    response = _object(turn.get("response"))
+    choice = _first_choice(turn)
     extra = {"usage": response.get("usage"), "wall_seconds": turn.get("wall_seconds"),
              "metrics": turn.get("metrics"), "response_id": response.get("id"),
              "provider": response.get("provider"), "finish_reason": choice.get("finish_reason"),
-             "request_seed": (turn.get("request") or {}).get("seed")}
+             "request_seed": _object(turn.get("request")).get("seed")}
     for key in ("turn", "phase", "action", "final_correct", "unexpected_tool_calls"):
         if key in turn:
             extra[key] = turn[key]
@@ -70,7 +81,7 @@ def _branch_messages(turns: list[Any], origin: str, branch: str) -> tuple[list[A
         raise refusal(origin, "must be a non-empty list of turn objects", field_name=where)
     requests: list[list[Any]] = []
     for number, turn in enumerate(turns):
-        messages = (turn.get("request") or {}).get("messages")
+        messages = _object(turn.get("request")).get("messages")
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise refusal(origin, "must be a list of message objects",
                           field_name=f"{where}[{number}].request.messages")
@@ -88,7 +99,7 @@ def _branch_messages(turns: list[Any], origin: str, branch: str) -> tuple[list[A
             raise refusal(origin, "a turn's request is not the previous request plus its "
                           "response; the record is inconsistent",
                           field_name=f"{where}[{number + 1}].request.messages")
-        response = ((turn.get("response") or {}).get("choices") or [{}])[0].get("message")
+        response = _first_choice(turn).get("message")
         if not isinstance(response, dict):
             raise refusal(origin, "missing", field_name=f"{where}[{number}].response.message")
         assistant = dict(following[sent]) if following is not None else _echo(response)
@@ -121,7 +132,7 @@ def study_histories_from_data(data: Any, path: str | Path, *, task: str | None =
         request = branch["turns"][0]["request"]
         summary = {k: v for k, v in branch.items() if k != "turns"}
         provenance = {
-            "model": (data.get("model") or {}).get("model"),
+            "model": _object(data.get("model")).get("model"),
             "sampling": {k: request[k] for k in SAMPLING_KEYS if k in request},
             "study": {**record, "branch": branch_name, "outcome": summary},
             "compressor": None if arm == "clean" else COMPRESSOR_NOTE,

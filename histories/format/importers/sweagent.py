@@ -23,9 +23,9 @@ def _history_message(item: dict[str, Any]) -> dict[str, Any]:
     message = dict(item)
     ids = message.pop("tool_call_ids", None)
     if message.get("role") == "tool" and "tool_call_id" not in message and ids:
-        message["tool_call_id"] = ids[0]
-    elif ids is not None:
-        message.setdefault("extra", {})
+        # validation refuses an id that is not a string, naming the field
+        message["tool_call_id"] = ids[0] if isinstance(ids, list) else ids
+    elif ids is not None and isinstance(message.setdefault("extra", {}), dict):
         message["extra"] = {**message["extra"], "tool_call_ids": ids}
     blocks = message.pop("thinking_blocks", None)
     if isinstance(blocks, list) and not message.get("reasoning"):

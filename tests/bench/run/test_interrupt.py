@@ -58,6 +58,12 @@ def test_killed_server_keeps_records_and_resume_continues(tmp_path: Path) -> Non
         fake.stop()
     assert resumed.returncode == 0, out
     arms = [json.loads(line) for line in (run_dir / "arms.jsonl").read_text().splitlines()]
-    assert [(a["block"], a["attempt"]) for a in arms] == [(1, "original"), (2, "original")]
-    assert arms[1]["status"] == "complete"  # the fake's text is no action: RepeatedFormatError
-    assert arms[1]["terminal_status"] == "RepeatedFormatError"
+    # the block the server died in was left open: it runs again in full as its second pass,
+    # and the first pass's record stays (the analysis reads only a block's last pass)
+    assert [(a["block"], a["block_pass"]) for a in arms] == [(1, None), (1, 2), (2, None)]
+    assert arms[0]["status"] == "failed"
+    assert [a["status"] for a in arms[1:]] == ["complete", "complete"]
+    # the fake's text is no action: RepeatedFormatError
+    assert {a["terminal_status"] for a in arms[1:]} == {"RepeatedFormatError"}
+    blocks = [json.loads(line) for line in (run_dir / "blocks.jsonl").read_text().splitlines()]
+    assert [(b["block"], b["block_pass"]) for b in blocks] == [(1, 2), (2, None)]

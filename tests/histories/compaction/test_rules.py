@@ -1,5 +1,5 @@
-"""The compaction rules' checks: lexical diagnostics on the study's own Table 5 example,
-redaction and the frozen prompts (no server needed)."""
+"""The compaction rules' checks: lexical diagnostics on the study's own Table 5 example and the
+frozen prompts (no server needed). Redaction has its own file, test_redaction.py."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import pytest
 from common.errors import SuiteError
 from histories.compaction.lexical import count_words, lexical_diagnostics, required_fields
 from histories.compaction.prompts import load_prompt, prompt_names
-from histories.compaction.redaction import redact, restore
 
 # Table 5 of the study: the raw block and the rewrite, as the paper prints them.
 TABLE5_RAW = (
@@ -32,30 +31,6 @@ def test_lexical_diagnostics_catch_a_dropped_threshold() -> None:
     assert got.missing_required == ["0.05"] and "0.05" in got.missing_numbers
     assert "risk_lte" in got.missing_identifiers and not got.clean
     assert count_words(TABLE5_REWRITE) < count_words(TABLE5_RAW)
-
-
-@pytest.mark.parametrize("secret", [
-    "OPENAI_API_KEY=sk-proj-abcdefghijklmnopqrstuv",
-    "export GITHUB_TOKEN=ghp_abcdefghijklmnopqrstuvwxyz0123",
-    "password: hunter22",
-    '"client_secret": "s3cr3t-value"',
-    "Authorization: Bearer abcdefghijklmnopqrstuvwxyz",
-    "postgres://admin:pa55word@db:5432/app",
-    "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA\n-----END RSA PRIVATE KEY-----",
-    "AWS key AKIAABCDEFGHIJKLMNOP",
-])
-def test_redaction_replaces_secrets_and_restores_them(secret: str) -> None:
-    text = f"Config check: {secret} then run the tests."
-    got = redact(text)
-    assert got.count >= 1 and "[REDACTED-SECRET-1]" in got.text
-    for value in got.secrets:
-        assert value not in got.text
-    assert restore(got.text, got) == (text, got.count)
-
-
-def test_ordinary_reasoning_is_not_redacted() -> None:
-    text = "max_tokens = 256 and tokens = 12; the password field is empty; risk <= 0.05"
-    assert redact(text).count == 0
 
 
 def test_frozen_prompts_are_the_study_wording() -> None:

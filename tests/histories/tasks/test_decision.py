@@ -55,7 +55,7 @@ def test_missing_file_and_unknown_task_say_what_to_do(tmp_path: Path) -> None:
         load_decision_task("x")
     bad = tmp_path / "tasks.json"
     bad.write_text(json.dumps([{"id": "t"}]))
-    with pytest.raises(DecisionTaskError, match="task 't': missing or malformed field"):
+    with pytest.raises(DecisionTaskError, match="task 't': field 'title' must be str, got nothing"):
         load_decision_tasks(bad)
 
 

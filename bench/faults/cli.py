@@ -1,0 +1,68 @@
+"""`make faults [ONLY=substring]`: run every fault row, print one table, exit 1 if any row did
+not survive. Rows run one after another, each in a folder of its own under a temporary
+directory (kept with `--keep`); the table is also written as JSON beside the run folders."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from bench.faults.harness import Context, FaultResult
+from bench.faults.hostile import hostile
+from bench.faults.rows import ROWS, Row
+from common.errors import ExitCode, SuiteError, run_cli
+from common.files import write_json_atomic
+from common.paths import results_dir
+
+app = typer.Typer(add_completion=False, help=__doc__)
+ALL_ROWS = [*ROWS, Row("hostile agent commands", hostile)]
+
+
+def table(results: list[FaultResult]) -> str:
+    lines = ["| fault | survived | finished records lost | the line the user saw |",
+             "|---|---|---|---|"]
+    for r in results:
+        line = r.line.replace("|", "\\|")
+        lines.append(f"| {r.fault} | {'yes' if r.survived else 'NO: ' + r.why} | "
+                     f"{'?' if r.lost is None else r.lost} | {line} |")
+    return "\n".join(lines)
+
+
+@app.command()
+def main(only: Annotated[str | None, typer.Option(help="run the rows whose name holds this")]
+         = None,
+         keep: Annotated[bool, typer.Option(help="keep the rows' folders")] = False) -> None:
+    rows = [r for r in ALL_ROWS if only is None or only.lower() in r.name.lower()]
+    if not rows:
+        raise SuiteError(f"no fault row matches {only!r}; rows: "
+                         + ", ".join(r.name for r in ALL_ROWS))
+    root = Path(tempfile.mkdtemp(prefix="compbench-faults-"))
+    results: list[FaultResult] = []
+    started = time.monotonic()
+    for number, row in enumerate(rows, 1):
+        t0 = time.monotonic()
+        found = row.run(Context(root / f"{number:02d}"))
+        results += found
+        marks = ", ".join("survived" if r.survived else "NOT SURVIVED" for r in found)
+        typer.echo(f"[faults] {row.name}: {marks} ({time.monotonic() - t0:.0f} s)", err=True)
+    typer.echo(table(results))
+    out = results_dir() / f"faults-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.json"
+    write_json_atomic(out, {"rows": [r.to_json() for r in results],
+                            "seconds": round(time.monotonic() - started, 1)})
+    typer.echo(f"\n{sum(r.survived for r in results)}/{len(results)} survived in "
+               f"{time.monotonic() - started:.0f} s; table: {out}"
+               + (f"; row folders: {root}" if keep else ""))
+    if not keep:
+        import shutil
+
+        shutil.rmtree(root, ignore_errors=True)
+    if not all(r.survived for r in results):
+        raise typer.Exit(ExitCode.FAILED)
+
+
+if __name__ == "__main__":
+    run_cli(app)

@@ -1,0 +1,86 @@
+"""How a run stops early, whatever asks it to: a signal (Ctrl-C, SIGTERM, SIGHUP), the
+watchdog (a server that answers but no longer streams), or records that cannot be written.
+
+The first request wins and acts at once: the reason is kept, the writer stops taking arm and
+block records (an attempt cut short is not a result; its block has no block record, so
+`RESUME` runs it again in full), every request in flight in this process is aborted, and the
+main thread gets `KeyboardInterrupt` out of whatever it waits on. The runner's cleanup then
+stops the background load, the compressors and the server it started. Further signals during
+that cleanup are answered with one line and otherwise ignored, so a second Ctrl-C cannot leave
+a vLLM or locust process behind.
+"""
+
+from __future__ import annotations
+
+import _thread
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from types import FrameType
+from typing import TextIO
+
+from common.errors import ExitCode
+from loadgen.client import abort_all
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@dataclass(frozen=True)
+class StopReason:
+    message: str
+    exit_code: ExitCode  # INTERRUPTED for signals, FAILED for the rest
+
+
+class RunStop:
+    """One per run; `stop` is safe from any thread and acts once."""
+
+    def __init__(self, on_stop: Callable[[], None] = lambda: None) -> None:
+        self.on_stop = on_stop  # the writer's cancel
+        self.reason: StopReason | None = None
+        self._lock = threading.Lock()
+        self._raised = False  # KeyboardInterrupt delivered to the main thread once
+
+    @property
+    def stopped(self) -> bool:
+        return self.reason is not None
+
+    def stop(self, message: str, exit_code: ExitCode = ExitCode.FAILED, *,
+             interrupt_main: bool = True) -> bool:
+        """Stop the run for `message`; False when it was already stopping."""
+        with self._lock:
+            if self.reason is not None:
+                return False
+            self.reason = StopReason(message, exit_code)
+        self.on_stop()
+        abort_all(message)
+        if interrupt_main and threading.current_thread() is not threading.main_thread():
+            _thread.interrupt_main()
+        return True
+
+    @contextmanager
+    def signals(self, stream: TextIO | None = None) -> Iterator[None]:
+        """SIGINT, SIGTERM and SIGHUP stop the run (main thread only; elsewhere a no-op)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        out = stream if stream is not None else sys.stderr
+
+        def handle(signum: int, frame: FrameType | None) -> None:
+            # also reached through interrupt_main() when another thread stopped the run
+            name = signal.Signals(signum).name
+            self.stop(f"interrupted ({name})", ExitCode.INTERRUPTED, interrupt_main=False)
+            if not self._raised:
+                self._raised = True
+                raise KeyboardInterrupt(name)
+            print(f"[bench] {name}: already stopping; cleaning up the server and the load, "
+                  "records are kept", file=out, flush=True)
+
+        previous = {s: signal.signal(s, handle) for s in SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)

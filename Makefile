@@ -61,12 +61,13 @@ $(STAMP): pyproject.toml Makefile
 	@touch $@
 
 SERVE_FEATURES = $(if $(SPEC),--speculative) $(if $(EP),--expert-parallel)
+SERVE_RUN_FLAGS = $(if $(filter 1,$(FAST_START)),--fast-start)
 
 serve: install
 ifdef DRY_RUN
 	$(PY) -m serve.cli show $(PROFILE) --port $(PORT) --host $(HOST) $(if $(MODEL),--model $(MODEL)) $(SERVE_FEATURES)
 else
-	$(PY) -m serve.cli run --profile $(PROFILE) --port $(PORT) --host $(HOST) $(if $(MODEL),--model $(MODEL)) $(SERVE_FEATURES)
+	$(PY) -m serve.cli run --profile $(PROFILE) --port $(PORT) --host $(HOST) $(if $(MODEL),--model $(MODEL)) $(SERVE_FEATURES) $(SERVE_RUN_FLAGS)
 endif
 
 stop: install

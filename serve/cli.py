@@ -73,12 +73,15 @@ def run(
                                             "stops the server")] = True,
     speculative: SpecOpt = None,
     expert_parallel: EpOpt = None,
+    fast_start: Annotated[bool, typer.Option(
+        help="--optimization-level 0: no compilation, a faster cold start and slower steps "
+        "(FAST_START=1; not for measurements)")] = False,
 ) -> None:
     """Serve a profile: the target and compressor names from one engine, self-checked."""
     config = ServerConfig(
         profile=_profile(profile, speculative, expert_parallel), host=host, port=port,
         model=model or None, api_key=os.environ.get("API_KEY") or None,
-        ready_timeout_s=timeout,
+        ready_timeout_s=timeout, fast_start=fast_start,
     )
     if not background:
         raise typer.Exit(serve_foreground(config, after_ready=_check if selfcheck else None))

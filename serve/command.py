@@ -41,6 +41,11 @@ class ServerConfig:
     ready_timeout_s: float = 900.0
     log_path: Path | None = None
     python: str = field(default=sys.executable)
+    # --optimization-level 0 whatever the profile says: no torch.compile, so a cold start of
+    # cpu-tiny takes about a third of the time, but steps are slower. For servers whose timing
+    # nobody measures (tests, `make serve FAST_START=1` for trying things); the bench records
+    # the server command, so a run on such a server says so.
+    fast_start: bool = False
 
     @property
     def server_url(self) -> str:
@@ -80,6 +85,7 @@ def build_command(config: ServerConfig, model: Path | str) -> list[str]:
         "--default-chat-template-kwargs": None if e.default_chat_template_kwargs is None
         else json.dumps(e.default_chat_template_kwargs, separators=(",", ":")),
         "--speculative-config": p.speculative_config_json(),
+        "--optimization-level": 0 if config.fast_start else e.optimization_level,
     }
     for flag, value in optional.items():
         if value is not None:

@@ -30,7 +30,8 @@ RESERVED_FLAGS = frozenset({
     "--host", "--port", "--served-model-name", "--model", "--api-key", "--uds",
     "--enable-prefix-caching", "--no-enable-prefix-caching", "--enable-prompt-tokens-details",
     "--max-num-seqs", "--max-model-len", "--speculative-config", "--enable-expert-parallel",
-    "--prefix-cache-retention-interval", "--default-chat-template-kwargs"})
+    "--prefix-cache-retention-interval", "--default-chat-template-kwargs",
+    "--optimization-level", "-O0", "-O1", "-O2", "-O3"})
 _VERSION = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?")
 
 
@@ -104,6 +105,12 @@ class EngineSpec(_Strict):
     default_chat_template_kwargs: dict[str, Any] | None = Field(
         default=None, description="--default-chat-template-kwargs: e.g. DeepSeek V4's "
         "thinking mode, which is off unless a request or this default turns it on")
+    optimization_level: int | None = Field(
+        default=None, ge=0, le=3,
+        description="--optimization-level: 0 compiles nothing (fast start, slower steps), 1-3 "
+        "torch.compile (and CUDA graphs on GPUs); None leaves vLLM's default. It changes step "
+        "times, so it is a typed, recorded field, and `fast_start` overrides it only for servers "
+        "that measure nothing")
     extra_args: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")

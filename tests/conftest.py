@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import os
 import socket
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
 
-from serve.launcher import Server, ServerConfig, is_healthy, start_server
+from serve.launcher import Server, ServerConfig, is_healthy
 from serve.profile import load_profile
 
 # Property-based fuzzing (hypothesis): the default run is derandomized and bounded so the fuzz
@@ -33,13 +35,48 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _private_run_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+# The session server starts as soon as collection knows an integration test will run, and the
+# integration tests run last: its cold start (1.5-2 minutes of one core) overlaps the unit tests
+# instead of adding to them.
+_SESSION: dict[str, Any] = {}
+
+
+def pytest_configure(config: pytest.Config) -> None:
     """Pid files and logs of test servers go to a temp folder, not the checkout's `.run/`."""
-    path = tmp_path_factory.mktemp("run")
-    old = os.environ.get("COMPBENCH_RUN_DIR")
+    path = Path(tempfile.mkdtemp(prefix="compbench-test-run-"))
+    _SESSION["old_run_dir"] = os.environ.get("COMPBENCH_RUN_DIR")
+    _SESSION["run_dir"] = path
     os.environ["COMPBENCH_RUN_DIR"] = str(path)
-    yield path
+
+
+def _start_session_server() -> Server:
+    # fast_start: no torch.compile (a third of the cold start); no test measures step times
+    server = Server(ServerConfig(profile=load_profile("cpu-tiny"), port=free_port(),
+                                 log_path=_SESSION["run_dir"] / "session-server.log",
+                                 fast_start=True))
+    server.start()
+    _SESSION["server"] = server
+    return server
+
+
+def _needs_server(item: pytest.Item) -> bool:
+    return "cpu_server" in getattr(item, "fixturenames", ())
+
+
+@pytest.hookimpl(trylast=True)  # after -m/-k deselection: only the tests that will run count
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
+                                  items: list[pytest.Item]) -> None:
+    items.sort(key=_needs_server)  # stable: file order within each group
+    if (any(map(_needs_server, items)) and not os.environ.get("COMPBENCH_TEST_SERVER_PORT")
+            and not config.option.collectonly):
+        _start_session_server()  # spawned now; `cpu_server` waits for /health
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    server = _SESSION.pop("server", None)
+    if server is not None:
+        server.stop()
+    old = _SESSION.get("old_run_dir")
     if old is None:
         os.environ.pop("COMPBENCH_RUN_DIR", None)
     else:
@@ -47,7 +84,12 @@ def _private_run_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]
 
 
 @pytest.fixture(scope="session")
-def cpu_server(_private_run_dir: Path) -> Iterator[Server]:
+def _private_run_dir() -> Path:
+    return Path(_SESSION["run_dir"])
+
+
+@pytest.fixture(scope="session")
+def cpu_server() -> Iterator[Server]:
     """The real vLLM CPU server on the `cpu-tiny` profile, healthy, on a free port.
 
     For quick local iterations, COMPBENCH_TEST_SERVER_PORT=<port> reuses a cpu-tiny server
@@ -59,8 +101,8 @@ def cpu_server(_private_run_dir: Path) -> Iterator[Server]:
             pytest.exit(f"COMPBENCH_TEST_SERVER_PORT={reuse}: no healthy server there", 2)
         yield existing  # not ours: never stopped here
         return
-    config = ServerConfig(profile=load_profile("cpu-tiny"), port=free_port(),
-                          log_path=_private_run_dir / "session-server.log")
-    server = start_server(config)
+    server = _SESSION.get("server")
+    if server is None:  # requested by a test the collection did not see coming
+        server = _start_session_server()
+    server.wait_ready()
     yield server
-    server.stop()

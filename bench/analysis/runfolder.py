@@ -38,6 +38,7 @@ REQUESTS_FILE = "requests.jsonl"
 METRICS_FILE = "metrics.jsonl"
 BLOCKS_FILE = "blocks.jsonl"
 LOAD_FILE = "load.jsonl"
+PHASES_FILE = "phases.jsonl"
 
 
 class AnalysisError(SuiteError):
@@ -165,6 +166,17 @@ class LoadSample:
 
 
 @dataclass(frozen=True)
+class PhaseRecord:
+    """One stretch of a run outside the blocks (`phases.jsonl`, appended as each ends): the
+    server's start, the self-check, the service probe, the background's start. Times on the run
+    clock; a resumed run appends its own."""
+
+    phase: str
+    started_s: float
+    ended_s: float
+
+
+@dataclass(frozen=True)
 class LoadIssue:
     """A file or line that could not be used, with whatever identity the broken line still had."""
 
@@ -192,6 +204,7 @@ class RunRecords:
     blocks: tuple[BlockRecord, ...] = ()
     issues: tuple[LoadIssue, ...] = field(default=())
     load: tuple[LoadSample, ...] = ()
+    phases: tuple[PhaseRecord, ...] = ()
 
 
 # Fields a line must carry to be usable; every other field may be absent or null. Types come
@@ -202,6 +215,7 @@ _REQUIRED: dict[type[Any], tuple[str, ...]] = {
     MetricSample: ("t_s",),
     BlockRecord: ("regime", "block"),
     LoadSample: ("t_s", "running"),
+    PhaseRecord: ("phase", "started_s", "ended_s"),
 }
 
 R = TypeVar("R")
@@ -370,7 +384,9 @@ def read_run(path: Path) -> RunRecords:
     metrics, metric_issues = read_records(path / METRICS_FILE, MetricSample, required=False)
     blocks, block_issues = read_records(path / BLOCKS_FILE, BlockRecord)
     load, load_issues = read_records(path / LOAD_FILE, LoadSample, required=False)
-    issues += [*arm_issues, *request_issues, *metric_issues, *block_issues, *load_issues]
+    phases, phase_issues = read_records(path / PHASES_FILE, PhaseRecord, required=False)
+    issues += [*arm_issues, *request_issues, *metric_issues, *block_issues, *load_issues,
+               *phase_issues]
     run_id = manifest.get("run_id")
     return RunRecords(
         run_id=run_id if isinstance(run_id, str) else path.name,
@@ -382,6 +398,7 @@ def read_run(path: Path) -> RunRecords:
         blocks=blocks,
         issues=tuple(issues),
         load=load,
+        phases=phases,
     )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from bench.analysis.overhead import harness_overhead
 from bench.analysis.paired import POOLED, ArmComparison, Comparison, RunAnalysis
 from bench.analysis.runfolder import REFERENCE_ARM
 from bench.analysis.stats import (
@@ -143,6 +144,7 @@ def build_summary(analysis: RunAnalysis) -> dict[str, Any]:
         "max_requests_waiting": analysis.max_waiting.get("all"),
         "serving": analysis.serving,
         "noise": analysis.noise.to_json(),
+        "harness": harness_overhead(analysis.records).to_json(),
         "issues": [
             {"file": i.file, "line": i.line, "reason": i.reason} for i in analysis.records.issues
         ],

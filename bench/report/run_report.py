@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.analysis.overhead import harness_overhead, overhead_lines
 from bench.analysis.paired import (
     POOLED,
     ArmComparison,
@@ -179,6 +180,7 @@ def build_document(analysis: RunAnalysis, images: Mapping[str, bytes | None]) ->
         *_factors(manifest),
         f"intervals: 95% percentile bootstrap of the median paired change, {BOOTSTRAP_RESAMPLES}"
         f" block resamples, seed {analysis.seed}",
+        *overhead_lines(harness_overhead(records)),
     )))
     primary = Section("Postfork marginal time: complete original blocks").add(
         Paragraph("Paired change = 100 x (arm - clean) / clean within a block; the table shows "

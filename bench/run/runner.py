@@ -41,6 +41,7 @@ from bench.run.arm import Arm, arm_for
 from bench.run.block import BlockSettings, run_block
 from bench.run.config import PLACEBO, SWEEP, BenchConfig, default_blocks, regime_users
 from bench.run.manifest import build_manifest, history_hashes
+from bench.run.phases import PhaseLog
 from bench.run.progress import Progress
 from bench.run.stop import RunStop
 from bench.run.watchdog import Watchdog
@@ -169,7 +170,7 @@ class Compressors:
 
 @contextmanager
 def _compressors(config: BenchConfig, profile: Profile, target_url: str, run_dir: Path,
-                 origin: float) -> Iterator[Compressors]:
+                 origin: float, phases: PhaseLog) -> Iterator[Compressors]:
     """`self`: the target's own `compressor` name. `external`: EXTERNAL_URL, or on CPU the
     embedded Gemma server on port + 1, started only when a block first needs a rewrite (on
     cpu-tiny none does: every block stays under the identity rule)."""
@@ -198,7 +199,15 @@ def _compressors(config: BenchConfig, profile: Profile, target_url: str, run_dir
         # the embedded Gemma is a base model that rambles: its first draft is capped per word
         found.configs["external"] = _deadline(external_compressor(
             lazy.config.api_url, prompt=config.prompt, max_tokens_per_raw_word=2.0), config)
-        found.hooks["external"] = lazy.ensure
+
+        def ensure() -> None:
+            started = time.monotonic()
+            fresh = not lazy.used
+            lazy.ensure()
+            if fresh and lazy.server is not None:  # started now, not reused
+                phases.add("compressor_start", started, time.monotonic())
+
+        found.hooks["external"] = ensure
         yield found
     finally:
         lazy.stop()
@@ -380,15 +389,22 @@ def run_bench(config: BenchConfig, *, stream: TextIO = sys.stderr) -> RunOutcome
     aborted = None
     # the handlers cover cleanup and the report: a late Ctrl-C cannot leave a server running
     # or a report half-written
+    phases = PhaseLog(run_dir, run.origin)
+    invoked = time.monotonic()
     with run.stop.signals(stream):
-        with server_for(ServerConfig(profile=profile, port=config.port), config.server_url
-                        ) as url, _compressors(config, profile, url, run_dir, run.origin
-                                               ) as compressors:
-            check = _selfcheck(config, url, profile, run_dir)
+        with ExitStack() as stack:
+            with phases.phase("server_start"):
+                url = stack.enter_context(server_for(
+                    ServerConfig(profile=profile, port=config.port), config.server_url))
+            compressors = stack.enter_context(
+                _compressors(config, profile, url, run_dir, run.origin, phases))
+            with phases.phase("selfcheck"):
+                check = _selfcheck(config, url, profile, run_dir)
             arms = build_arms(config, paths, compressors)
             model = config_for_profile(profile, url, config.seed).model_copy(
                 update={"request_timeout_s": config.stream_deadline_s})
-            probe = _probe(url, profile, users)
+            with phases.phase("service_probe"):
+                probe = _probe(url, profile, users)
             if run.manifest is None:
                 run.manifest = build_manifest(
                     config, profile, run_id=run_id, api_url=url,
@@ -409,6 +425,7 @@ def run_bench(config: BenchConfig, *, stream: TextIO = sys.stderr) -> RunOutcome
                 block_size=profile.engine_args.block_size or DEFAULT_KV_BLOCK,
                 ledger=Ledger(run_dir / "ledger.jsonl"))
             records, aborted = _blocks(run, arms, settings, url, probe, stream)
+        phases.add("invocation", invoked, time.monotonic())  # up to the report's start
         if run.stop.reason is not None:
             aborted = run.stop.reason.message
             if "RESUME=" not in aborted:

@@ -112,6 +112,9 @@ def test_command_always_enables_prefix_caching_and_cached_token_details() -> Non
     assert "--api-key" not in cmd
     keyed = build_command(ServerConfig(profile=p, api_key="s3cret"), "/m")
     assert keyed[keyed.index("--api-key") + 1] == "s3cret"
+    assert "--optimization-level" not in cmd  # vLLM's default unless the profile says
+    fast = build_command(ServerConfig(profile=p, fast_start=True), "/m")
+    assert fast[fast.index("--optimization-level") + 1] == "0"
 
 
 @pytest.mark.parametrize(
@@ -218,6 +221,10 @@ def test_measured_flags_cannot_hide_in_extra_args(tmp_path: Path) -> None:
                                          '["--speculative-config", "{}"]'))
     with pytest.raises(ProfileError, match="extra_args may not set --speculative-config"):
         load_profile(str(path))
+    compiled = _write(tmp_path, GOOD.replace('dtype = "bfloat16"',
+                                             'dtype = "bfloat16"\nextra_args = ["-O0"]'))
+    with pytest.raises(ProfileError, match="extra_args may not set -O0"):
+        load_profile(str(compiled))
 
 
 def test_vllm_older_than_the_profile_minimum_is_refused_with_the_reason() -> None:

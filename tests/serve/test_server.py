@@ -116,7 +116,8 @@ def test_foreground_serve_ctrl_c_stops_every_process(tmp_path: Path) -> None:
     port = free_port()
     env = {**os.environ, "API_KEY": "test-key", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "serve.cli", "run", "--profile", "cpu-tiny", "--port", str(port)],
+        [sys.executable, "-m", "serve.cli", "run", "--profile", "cpu-tiny", "--port", str(port),
+         "--fast-start"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     assert proc.stdout is not None
     log = []
@@ -142,6 +143,7 @@ def test_foreground_serve_ctrl_c_stops_every_process(tmp_path: Path) -> None:
 
     started = subprocess.run(
         [sys.executable, "-m", "serve.cli", "run", "--profile", "cpu-tiny", "--port", str(port),
+         "--fast-start",
          "--background"], capture_output=True, text=True, timeout=600, check=False)
     assert started.returncode == 0, started.stderr
     pid = int(re.search(r"pid (\d+)", started.stdout).group(1))  # type: ignore[union-attr]

@@ -80,6 +80,15 @@ def test_blocks_are_independent_repeats_with_recorded_seeds(target: FakeProcess,
     assert "noise" in summary and set(summary["noise"]["false_positive"]) == {"5", "25"}
     report = (run / "report.md").read_text()
     assert "## What these numbers can say" in report and "Placebo arm" in report
+    # the harness's own share: every block at least as long as its slowest arm, and the
+    # invocation's wall time split into server start, blocks and the rest
+    phases = {p["phase"] for p in lines(run / "phases.jsonl")}
+    assert {"server_start", "selfcheck", "service_probe", "invocation"} <= phases
+    harness = summary["harness"]
+    assert len(harness["blocks"]) == 3 and all(b["ratio"] >= 1.0 for b in harness["blocks"])
+    (invocation,) = harness["invocations"]
+    assert invocation["blocks"] == 3 and invocation["wall_s"] >= invocation["blocks_s"] > 0
+    assert "harness share per block" in report and "harness outside server start" in report
 
     independent = bench(tmp_path, target.api_url, "--blocks", "1", "--arms", "clean,placebo",
                         "--seeds", "independent", "--run-id", "indep")

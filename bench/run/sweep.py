@@ -49,6 +49,7 @@ from bench.run.block import BlockSettings
 from bench.run.config import SWEEP, BenchConfig
 from bench.run.fleet import CellOutcome, run_cell
 from bench.run.manifest import build_manifest, history_hashes
+from bench.run.phases import PhaseLog
 
 # The run-level steps a sweep shares with a block run: the compressors and the self-check
 # (private to the runner; see the report of issue 12 for making them public).
@@ -152,10 +153,16 @@ def run_sweep(config: BenchConfig, *, stream: TextIO = sys.stderr) -> RunOutcome
     stop = RunStop()
     records: list[ArmRecord] = []
     aborted = None
-    with stop.signals(stream), server_for(ServerConfig(profile=profile, port=config.port),
-                                          config.server_url) as url, \
-            _compressors(config, profile, url, run_dir, origin) as compressors:
-        check = _selfcheck(config, url, profile, run_dir)
+    phases = PhaseLog(run_dir, origin)  # where the wall time outside the cells goes
+    invoked = time.monotonic()
+    with stop.signals(stream), ExitStack() as run_stack:
+        with phases.phase("server_start"):
+            url = run_stack.enter_context(server_for(
+                ServerConfig(profile=profile, port=config.port), config.server_url))
+        compressors = run_stack.enter_context(
+            _compressors(config, profile, url, run_dir, origin, phases))
+        with phases.phase("selfcheck"):
+            check = _selfcheck(config, url, profile, run_dir)
         arms = {a.name: a for a in build_arms(config, paths, compressors)}
         model = config_for_profile(profile, url, config.seed).model_copy(
             update={"request_timeout_s": config.stream_deadline_s})
@@ -209,6 +216,7 @@ def run_sweep(config: BenchConfig, *, stream: TextIO = sys.stderr) -> RunOutcome
         finally:
             cells_out.close()
             writer.close()
+        phases.add("invocation", invoked, time.monotonic())
     if stop.reason is not None:
         aborted = stop.reason.message
         if "RESUME=" not in aborted:

@@ -39,7 +39,7 @@ from bench.analysis.runfolder import (
 from bench.report.run_report import ReportFiles, write_report
 from bench.run.arm import Arm, arm_for
 from bench.run.block import BlockSettings, run_block
-from bench.run.config import PLACEBO, BenchConfig, default_blocks, regime_users
+from bench.run.config import PLACEBO, SWEEP, BenchConfig, default_blocks, regime_users
 from bench.run.manifest import build_manifest, history_hashes
 from bench.run.phases import PhaseLog
 from bench.run.progress import Progress
@@ -363,6 +363,10 @@ class _Run:
 
 def run_bench(config: BenchConfig, *, stream: TextIO = sys.stderr) -> RunOutcome:
     config = resumed_config(config)
+    if config.regime == SWEEP:  # closed-loop fleets instead of blocks: bench/run/sweep.py
+        from bench.run.sweep import run_sweep
+
+        return run_sweep(config, stream=stream)
     profile = resolve_profile(config.profile)
     if config.speculative is not None or config.expert_parallel is not None:
         profile = profile.with_features(speculative=config.speculative,

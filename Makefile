@@ -26,6 +26,7 @@ STAMP := $(VENV)/.installed-$(ENGINE)
 help:
 	@echo "make serve [PROFILE=cpu-tiny] [PORT=8000]   serve target + compressor on one vLLM engine, self-checked"
 	@echo "make serve PROFILE=... DRY_RUN=1            print the command, environment and self-check plan only"
+	@echo "make serve|bench FAST_START=1               start the server uncompiled (-O0): seconds, slower steps, marked"
 	@echo "make stop [PORT=...]                         stop background servers"
 	@echo "make test                                    unit + integration tests (real vLLM CPU server)"
 	@echo "make lint                                    ruff + mypy"
@@ -37,7 +38,7 @@ help:
 	@echo "make kernels [BASE_URL=...] [PORT=...]       micro-benchmarks, server probes, cost-model fits"
 	@echo "make kernels-gpu                             GPU device check (kernels/device_check.sh)"
 	@echo "make bench-redaction                         redaction recall and false positives on the labelled corpus"
-	@echo "make faults [ONLY=...]                       fault injection: every row survived, 0 records lost"
+	@echo "make faults [ONLY=...] [JOBS=3]              fault injection: every row survived, 0 records lost"
 	@echo "make histories [TASK=...] [BASE_URL=...]     acquire clean histories up to each task's fork"
 	@echo "make report RUN=<run-id>                     analysis + report.md/html of results/<run-id>"
 	@echo "make compare RUNS=\"a b\"                     runs side by side"
@@ -103,6 +104,7 @@ bench: install
 	  $(if $(COMPRESSOR_DEADLINE),--compressor-deadline $(COMPRESSOR_DEADLINE)) \
 	  $(if $(ARM_WALL_S),--arm-wall $(ARM_WALL_S)) $(if $(STALL_S),--stall $(STALL_S)) \
 	  $(if $(STEP_LIMIT),--step-limit $(STEP_LIMIT)) $(if $(RUN_ID),--run-id $(RUN_ID)) \
+	  $(if $(filter 1,$(FAST_START)),--fast-start) \
 	  $(if $(LEVELS),--levels $(LEVELS)) \
 	  $(if $(SWEEP_MIN_CONTINUATIONS),--sweep-min-continuations $(SWEEP_MIN_CONTINUATIONS)) \
 	  $(if $(SWEEP_LEVEL_S),--sweep-level-s $(SWEEP_LEVEL_S)) \

@@ -99,6 +99,9 @@ def run(
         help="longest postfork time of one arm, then TimeExceeded (default 3600)")] = None,
     stall: Annotated[float | None, typer.Option(
         help="watchdog: stop when the server streams nothing this long (default 120)")] = None,
+    fast_start: Annotated[bool | None, typer.Option(
+        "--fast-start/--no-fast-start", help="start the server uncompiled (-O0): a quick "
+        "first look, marked in the report; steps are slower")] = None,
 ) -> None:
     """Run blocks of arms under a regime; write results/<run-id>/ and its report."""
     from bench.run.runner import run_bench  # heavy imports only for this command
@@ -118,7 +121,7 @@ def run(
              "protocol": protocol, "rewrite_cache": rewrite_cache, "speculative": speculative,
              "expert_parallel": expert_parallel, "stream_deadline_s": stream_deadline,
              "compressor_deadline_s": compressor_deadline, "arm_wall_s": arm_wall,
-             "stall_s": stall, "sweep": sweep or None}
+             "stall_s": stall, "sweep": sweep or None, "fast_start": fast_start}
     config = BenchConfig.model_validate({
         "profile": profile, "port": port, "recover": recover, "locust_workers": locust_workers,
         "selfcheck": selfcheck,

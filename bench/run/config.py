@@ -34,7 +34,7 @@ PLACEBO = "placebo"
 RUN_SETTINGS = ("regime", "task", "arms", "seed", "seeds", "cache", "protocol", "rewrite_cache",
                 "step_limit", "prompt", "blocks", "external_url", "locust_workers",
                 "speculative", "expert_parallel", "stream_deadline_s", "compressor_deadline_s",
-                "arm_wall_s", "sweep")
+                "arm_wall_s", "sweep", "fast_start")
 
 
 class SweepSettings(BaseModel):
@@ -116,6 +116,11 @@ class BenchConfig(BaseModel):
         default=None, description="the external compressor's URL; default on CPU: the "
         "embedded Gemma server (cpu-gemma-compressor) on port + 1, started when needed")
     prompt: str = "telegraphic"
+    fast_start: bool = Field(
+        default=False, description="FAST_START=1: start the profile's server with "
+        "--optimization-level 0 (no torch.compile): a cold start of seconds instead of minutes, "
+        "but steps 18-28% slower on cpu-tiny, so the run is marked and compares only with runs "
+        "made the same way; no effect on a server already running")
     selfcheck: bool = Field(default=True, description="run the serve-time self-check before "
                             "the first block (SELFCHECK=0 skips it; the manifest says so)")
     speculative: bool | None = Field(default=None, description="SPEC=1: the profile's opt-in "

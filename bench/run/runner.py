@@ -100,6 +100,7 @@ def fingerprint(config: BenchConfig, profile: Profile, paths: dict[str, Path]) -
             "seed": config.seed, "seeds": config.seeds, "cache": config.cache,
             "protocol": config.protocol_for(profile), "rewrite_cache": config.rewrite_cache,
             "profile": profile.name, "step_limit": config.step_limit, "prompt": config.prompt,
+            "fast_start": config.fast_start,
             "histories": {a: hashlib.sha256(p.read_bytes()).hexdigest()
                           for a, p in paths.items()}}
 
@@ -395,7 +396,8 @@ def run_bench(config: BenchConfig, *, stream: TextIO = sys.stderr) -> RunOutcome
         with ExitStack() as stack:
             with phases.phase("server_start"):
                 url = stack.enter_context(server_for(
-                    ServerConfig(profile=profile, port=config.port), config.server_url))
+                    ServerConfig(profile=profile, port=config.port,
+                                 fast_start=config.fast_start), config.server_url))
             compressors = stack.enter_context(
                 _compressors(config, profile, url, run_dir, run.origin, phases))
             with phases.phase("selfcheck"):

@@ -158,7 +158,8 @@ def run_sweep(config: BenchConfig, *, stream: TextIO = sys.stderr) -> RunOutcome
     with stop.signals(stream), ExitStack() as run_stack:
         with phases.phase("server_start"):
             url = run_stack.enter_context(server_for(
-                ServerConfig(profile=profile, port=config.port), config.server_url))
+                ServerConfig(profile=profile, port=config.port, fast_start=config.fast_start),
+                config.server_url))
         compressors = run_stack.enter_context(
             _compressors(config, profile, url, run_dir, origin, phases))
         with phases.phase("selfcheck"):

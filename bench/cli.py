@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from bench.run.config import REGIMES, BenchConfig
+from bench.run.config import REGIMES, SWEEP, BenchConfig
 from common.errors import ExitCode, SuiteError, run_cli
 
 app = typer.Typer(
@@ -40,7 +40,8 @@ def _print_files(files: object) -> None:
 @app.command()
 def run(
     regime: Annotated[str | None, typer.Option(
-        help=f"one of {', '.join(REGIMES)} (default dedicated)")] = None,
+        help=f"one of {', '.join(REGIMES)} (default dedicated), or {SWEEP}: the "
+        "load-response sweep for `make plan`")] = None,
     blocks: Annotated[int | None, typer.Option(
         help="default 5/5/25 on GPU, 2/2/1 on CPU", min=1)] = None,
     profile: Annotated[str, typer.Option(help="server profile; 'auto': for this machine")] = "auto",
@@ -84,6 +85,15 @@ def run(
     token_ids: Annotated[bool | None, typer.Option(
         "--token-ids/--no-token-ids", help="ask for each arm request's token ids "
         "(return_token_ids) for cache-break accounting (default on)")] = None,
+    levels: Annotated[str | None, typer.Option(
+        help="sweep: fleet sizes, e.g. 1,2,4,8 (default: powers of two to 2 x max_num_seqs)")
+    ] = None,
+    sweep_min_continuations: Annotated[int | None, typer.Option(
+        help="sweep: measured continuations per arm and level (default 8)", min=1)] = None,
+    sweep_level_s: Annotated[float | None, typer.Option(
+        help="sweep: keep measuring a level at least this long (default 0)", min=0)] = None,
+    sweep_warmup: Annotated[int | None, typer.Option(
+        help="sweep: warm-up continuations per agent and level (default 1)", min=0)] = None,
     stream_deadline: Annotated[float | None, typer.Option(
         help="seconds of silence after which a target stream is cut (default 600)")] = None,
     compressor_deadline: Annotated[float | None, typer.Option(
@@ -92,12 +102,20 @@ def run(
         help="longest postfork time of one arm, then TimeExceeded (default 3600)")] = None,
     stall: Annotated[float | None, typer.Option(
         help="watchdog: stop when the server streams nothing this long (default 120)")] = None,
+    fast_start: Annotated[bool | None, typer.Option(
+        "--fast-start/--no-fast-start", help="start the server uncompiled (-O0): a quick "
+        "first look, marked in the report; steps are slower")] = None,
 ) -> None:
     """Run blocks of arms under a regime; write results/<run-id>/ and its report."""
     from bench.run.runner import run_bench  # heavy imports only for this command
 
-    if regime is not None and regime not in REGIMES:
-        raise SuiteError(f"unknown regime '{regime}'; use one of {', '.join(REGIMES)}")
+    if regime is not None and regime not in (*REGIMES, SWEEP):
+        raise SuiteError(f"unknown regime '{regime}'; use one of {', '.join(REGIMES)} or "
+                         f"{SWEEP}")
+    sweep = {k: v for k, v in {
+        "levels": None if levels is None else _levels(levels),
+        "min_continuations": sweep_min_continuations, "level_s": sweep_level_s,
+        "warmup": sweep_warmup}.items() if v is not None}
     given = {"regime": regime, "blocks": blocks, "server_url": base_url, "task": task,
              "arms": None if arms is None else tuple(a.strip() for a in arms.split(",")
                                                      if a.strip()),
@@ -106,7 +124,8 @@ def run(
              "protocol": protocol, "rewrite_cache": rewrite_cache, "speculative": speculative,
              "expert_parallel": expert_parallel, "stream_deadline_s": stream_deadline,
              "compressor_deadline_s": compressor_deadline, "arm_wall_s": arm_wall,
-             "stall_s": stall, "token_ids": token_ids}
+             "stall_s": stall, "sweep": sweep or None, "fast_start": fast_start,
+             "token_ids": token_ids}
     config = BenchConfig.model_validate({
         "profile": profile, "port": port, "recover": recover, "locust_workers": locust_workers,
         "selfcheck": selfcheck,
@@ -117,6 +136,14 @@ def run(
     if outcome.aborted:
         typer.echo(f"error: {outcome.aborted}", err=True)
         raise typer.Exit(outcome.exit_code or ExitCode.FAILED)
+
+
+def _levels(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise SuiteError(f"LEVELS={text!r}: give fleet sizes as integers, e.g. LEVELS=1,2,4,8"
+                         ) from None
 
 
 @app.command()

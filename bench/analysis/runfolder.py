@@ -100,6 +100,11 @@ class ArmRecord:
     fork_rewrite_cache_hits: int | None = None
     invariant: dict[str, Any] | None = None  # body hashes, reasoning and factor fields
     block_pass: int | None = None  # 2+ for a block run again after a crash cut it (None: 1)
+    # the load-response sweep (regime "sweep", bench/run/sweep.py); None elsewhere
+    level: int | None = None  # the fleet size N this continuation ran among
+    sweep_agent: int | None = None  # which of the N agents (0-based)
+    sweep_index: int | None = None  # the agent's k-th continuation in its level (0-based)
+    sweep_phase: str | None = None  # warmup | measured | drain (only measured ones are planned)
 
     @property
     def complete(self) -> bool:
@@ -255,6 +260,16 @@ def _accepts(hint: Any, value: Any) -> tuple[bool, Any]:
     return False, value
 
 
+_HINTS: dict[type[Any], dict[str, Any]] = {}
+
+
+def _hints(kind: type[Any]) -> dict[str, Any]:
+    # resolving a record's annotations costs milliseconds; a run has thousands of lines
+    if kind not in _HINTS:
+        _HINTS[kind] = get_type_hints(kind)
+    return _HINTS[kind]
+
+
 def parse_record(kind: type[R], obj: Any) -> R:
     """Build a record of `kind` from one decoded JSON line; raise ValueError naming the field."""
     if not isinstance(obj, dict):
@@ -263,7 +278,7 @@ def parse_record(kind: type[R], obj: Any) -> R:
     if schema not in READABLE_SCHEMAS:
         raise ValueError(f"schema is {schema!r}, this reader understands "
                          f"{', '.join(map(str, READABLE_SCHEMAS))}")
-    hints = get_type_hints(kind)
+    hints = _hints(kind)
     values: dict[str, Any] = {}
     for name in _REQUIRED[kind]:
         if obj.get(name) is None:

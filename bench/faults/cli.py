@@ -1,11 +1,14 @@
-"""`make faults [ONLY=substring]`: run every fault row, print one table, exit 1 if any row did
-not survive. Rows run one after another, each in a folder of its own under a temporary
-directory (kept with `--keep`); the table is also written as JSON beside the run folders."""
+"""`make faults [ONLY=substring] [JOBS=3]`: run every fault row, print one table, exit 1 if any
+row did not survive. Rows run JOBS at a time (the exclusive ones alone, after), each in a folder
+of its own under a temporary directory (kept with `--keep`); the table is also written as JSON
+beside the run folders."""
 
 from __future__ import annotations
 
 import tempfile
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Annotated
 
@@ -19,7 +22,32 @@ from common.files import write_json_atomic
 from common.paths import results_dir
 
 app = typer.Typer(add_completion=False, help=__doc__)
-ALL_ROWS = [*ROWS, Row("hostile agent commands", hostile)]
+ALL_ROWS = [*ROWS, Row("hostile agent commands", hostile, exclusive=True)]
+JOBS = 3  # rows side by side: most of a row is waiting on its bench process and fake engine
+
+
+def run_rows(rows: list[Row], root: Path, *, jobs: int = JOBS,
+             on_done: Callable[[Row, list[FaultResult], float], None] | None = None
+             ) -> dict[str, list[FaultResult]]:
+    """Run `rows`, `jobs` at a time (each in `root/<nn>`, its own folders and ports), then the
+    exclusive rows one by one; their results by row name, in the rows' order."""
+    found: dict[str, list[FaultResult]] = {}
+
+    def one(number: int, row: Row) -> None:
+        started = time.monotonic()
+        results = row.run(Context(root / f"{number:02d}"))
+        found[row.name] = results
+        if on_done is not None:
+            on_done(row, results, time.monotonic() - started)
+
+    numbered = list(enumerate(rows, 1))
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        for future in [pool.submit(one, n, r) for n, r in numbered if not r.exclusive]:
+            future.result()
+    for number, row in numbered:
+        if row.exclusive:
+            one(number, row)
+    return {row.name: found[row.name] for row in rows}
 
 
 def table(results: list[FaultResult]) -> str:
@@ -35,20 +63,22 @@ def table(results: list[FaultResult]) -> str:
 @app.command()
 def main(only: Annotated[str | None, typer.Option(help="run the rows whose name holds this")]
          = None,
-         keep: Annotated[bool, typer.Option(help="keep the rows' folders")] = False) -> None:
+         keep: Annotated[bool, typer.Option(help="keep the rows' folders")] = False,
+         jobs: Annotated[int, typer.Option(help="rows run side by side (JOBS=)", min=1)]
+         = JOBS) -> None:
     rows = [r for r in ALL_ROWS if only is None or only.lower() in r.name.lower()]
     if not rows:
         raise SuiteError(f"no fault row matches {only!r}; rows: "
                          + ", ".join(r.name for r in ALL_ROWS))
     root = Path(tempfile.mkdtemp(prefix="compbench-faults-"))
-    results: list[FaultResult] = []
     started = time.monotonic()
-    for number, row in enumerate(rows, 1):
-        t0 = time.monotonic()
-        found = row.run(Context(root / f"{number:02d}"))
-        results += found
+
+    def progress(row: Row, found: list[FaultResult], seconds: float) -> None:
         marks = ", ".join("survived" if r.survived else "NOT SURVIVED" for r in found)
-        typer.echo(f"[faults] {row.name}: {marks} ({time.monotonic() - t0:.0f} s)", err=True)
+        typer.echo(f"[faults] {row.name}: {marks} ({seconds:.0f} s)", err=True)
+
+    by_row = run_rows(rows, root, jobs=jobs, on_done=progress)
+    results = [r for found in by_row.values() for r in found]
     typer.echo(table(results))
     out = results_dir() / f"faults-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.json"
     write_json_atomic(out, {"rows": [r.to_json() for r in results],

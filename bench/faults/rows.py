@@ -41,8 +41,12 @@ LONG_STEPS = "24"  # where the fault must strike inside the block
 
 @dataclass(frozen=True)
 class Row:
+    """One fault. `exclusive` rows look at every process on the machine (the hostile agent's
+    leftovers by uid), so they run alone, after the rows that run side by side."""
+
     name: str
     run: Callable[[Context], list[FaultResult]]
+    exclusive: bool = False
 
 
 def _arm_errors(run_dir: Path) -> dict[str, str]:

@@ -61,6 +61,10 @@ def _factors(manifest: Mapping[str, object]) -> list[str]:
                        ("protocol", "protocol check"), ("rewrite_cache", "rewrite cache")):
         if key in config:
             out.append(f"{label}: {config[key] if config[key] is not None else 'default'}")
+    if config.get("fast_start") is True:
+        out.append("server: started uncompiled (FAST_START=1, --optimization-level 0); its steps "
+                   "are slower than a compiled server's (18-28% on cpu-tiny): compare these "
+                   "times only with runs made the same way")
     probe = manifest.get("service_probe")
     if isinstance(probe, dict):
         out.append(f"measured service time (background pacing): TTFT "

@@ -13,8 +13,10 @@ from common.net import server_url
 from common.paths import results_dir
 from serve.profile import Profile
 
-Regime = Literal["dedicated", "shared", "overloaded"]
+Regime = Literal["dedicated", "shared", "overloaded", "sweep"]
 REGIMES: tuple[Regime, ...] = ("dedicated", "shared", "overloaded")
+# Not a regime around a block: closed-loop fleets of N agents of one arm (bench/run/sweep.py).
+SWEEP: Regime = "sweep"
 # The study's block counts (Appendix E.2) on GPU profiles; on the CPU default one overloaded
 # block must finish in a few minutes on 2 cores.
 DEFAULT_BLOCKS = {
@@ -32,7 +34,49 @@ PLACEBO = "placebo"
 RUN_SETTINGS = ("regime", "task", "arms", "seed", "seeds", "cache", "protocol", "rewrite_cache",
                 "step_limit", "prompt", "blocks", "external_url", "locust_workers",
                 "speculative", "expert_parallel", "stream_deadline_s", "compressor_deadline_s",
-                "arm_wall_s", "token_ids")
+                "arm_wall_s", "sweep", "fast_start",
+                "token_ids")
+
+
+class SweepSettings(BaseModel):
+    """The load-response sweep (`REGIME=sweep`, bench/run/sweep.py): for each arm alone and each
+    level N, a closed-loop fleet of N agents continuing from the fork again and again."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    levels: tuple[int, ...] | None = Field(
+        default=None, description="fleet sizes N (LEVELS=1,2,4); default: powers of two up to "
+        "2 x max_num_seqs, and max_num_seqs itself")
+    min_continuations: int = Field(
+        default=8, gt=0, description="measured continuations per arm and level at least "
+        "(SWEEP_MIN_CONTINUATIONS); each agent runs ceil(this / N) of them")
+    level_s: float = Field(
+        default=0.0, ge=0, description="each agent keeps starting measured continuations until "
+        "the level has run this long (SWEEP_LEVEL_S)")
+    warmup: int = Field(default=1, ge=0, description="each agent's first continuations per "
+                        "level, recorded and flagged, excluded from the plan (SWEEP_WARMUP)")
+
+    @field_validator("levels")
+    @classmethod
+    def _levels(cls, value: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        if value is None:
+            return None
+        if not value or any(n <= 0 for n in value):
+            raise ValueError(f"levels must be positive fleet sizes, got {list(value)} "
+                             "(e.g. LEVELS=1,2,4,8)")
+        return tuple(sorted(set(value)))
+
+    def levels_for(self, max_num_seqs: int) -> tuple[int, ...]:
+        """The levels given, or 1, 2, 4, ... up to 2 x max_num_seqs with max_num_seqs itself."""
+        if self.levels is not None:
+            return self.levels
+        top = 2 * max_num_seqs
+        found = {max_num_seqs, top}
+        n = 1
+        while n < top:
+            found.add(n)
+            n *= 2
+        return tuple(sorted(found))
 
 
 class BenchConfig(BaseModel):
@@ -75,6 +119,11 @@ class BenchConfig(BaseModel):
         default=None, description="the external compressor's URL; default on CPU: the "
         "embedded Gemma server (cpu-gemma-compressor) on port + 1, started when needed")
     prompt: str = "telegraphic"
+    fast_start: bool = Field(
+        default=False, description="FAST_START=1: start the profile's server with "
+        "--optimization-level 0 (no torch.compile): a cold start of seconds instead of minutes, "
+        "but steps 18-28% slower on cpu-tiny, so the run is marked and compares only with runs "
+        "made the same way; no effect on a server already running")
     selfcheck: bool = Field(default=True, description="run the serve-time self-check before "
                             "the first block (SELFCHECK=0 skips it; the manifest says so)")
     speculative: bool | None = Field(default=None, description="SPEC=1: the profile's opt-in "
@@ -96,6 +145,8 @@ class BenchConfig(BaseModel):
         default=120.0, gt=0, description="STALL_S: the watchdog stops the run when requests are "
         "in flight, the server still answers /health, and no stream has produced a token for "
         "this long (a server that answers but no longer streams)")
+    sweep: SweepSettings = Field(default_factory=SweepSettings,
+                                 description="REGIME=sweep only: levels and their length")
 
     @field_validator("server_url", "external_url")
     @classmethod

@@ -39,7 +39,7 @@ from bench.analysis.runfolder import (
 from bench.report.run_report import ReportFiles, write_report
 from bench.run.arm import Arm, arm_for
 from bench.run.block import BlockSettings, run_block
-from bench.run.config import PLACEBO, BenchConfig, default_blocks, regime_users
+from bench.run.config import PLACEBO, SWEEP, BenchConfig, default_blocks, regime_users
 from bench.run.manifest import build_manifest, history_hashes
 from bench.run.phases import PhaseLog
 from bench.run.progress import Progress
@@ -100,6 +100,7 @@ def fingerprint(config: BenchConfig, profile: Profile, paths: dict[str, Path]) -
             "seed": config.seed, "seeds": config.seeds, "cache": config.cache,
             "protocol": config.protocol_for(profile), "rewrite_cache": config.rewrite_cache,
             "profile": profile.name, "step_limit": config.step_limit, "prompt": config.prompt,
+            "fast_start": config.fast_start,
             "histories": {a: hashlib.sha256(p.read_bytes()).hexdigest()
                           for a, p in paths.items()}}
 
@@ -368,6 +369,10 @@ class _Run:
 
 def run_bench(config: BenchConfig, *, stream: TextIO = sys.stderr) -> RunOutcome:
     config = resumed_config(config)
+    if config.regime == SWEEP:  # closed-loop fleets instead of blocks: bench/run/sweep.py
+        from bench.run.sweep import run_sweep
+
+        return run_sweep(config, stream=stream)
     profile = resolve_profile(config.profile)
     if config.speculative is not None or config.expert_parallel is not None:
         profile = profile.with_features(speculative=config.speculative,
@@ -396,7 +401,8 @@ def run_bench(config: BenchConfig, *, stream: TextIO = sys.stderr) -> RunOutcome
         with ExitStack() as stack:
             with phases.phase("server_start"):
                 url = stack.enter_context(server_for(
-                    ServerConfig(profile=profile, port=config.port), config.server_url))
+                    ServerConfig(profile=profile, port=config.port,
+                                 fast_start=config.fast_start), config.server_url))
             compressors = stack.enter_context(
                 _compressors(config, profile, url, run_dir, run.origin, phases))
             with phases.phase("selfcheck"):

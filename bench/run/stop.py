@@ -78,9 +78,15 @@ class RunStop:
             print(f"[bench] {name}: already stopping; cleaning up the server and the load, "
                   "records are kept", file=out, flush=True)
 
+        def already(signum: int, frame: FrameType | None) -> None:
+            print(f"[bench] {signal.Signals(signum).name}: already stopping; the records are "
+                  "kept", file=out, flush=True)
+
         previous = {s: signal.signal(s, handle) for s in SIGNALS}
         try:
             yield
         finally:
+            # once stopping, a signal that lands after these handlers (the last lines the
+            # process prints) is answered, never a KeyboardInterrupt traceback
             for sig, handler in previous.items():
-                signal.signal(sig, handler)
+                signal.signal(sig, already if self.stopped else handler)

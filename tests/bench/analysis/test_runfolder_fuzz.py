@@ -155,6 +155,9 @@ def test_a_block_order_naming_no_arm_is_a_reported_line(pristine: dict[str, byte
     assert to_markdown(build_document(analyze(records), {})).strip()
 
 
+# analyze() costs about 1 s an example (10,000-resample bootstraps and the noise figures): a
+# quarter of the default examples here, 1,250 under COMPBENCH_FUZZ=long.
+@settings(max_examples=max(10, settings.default.max_examples // 4))
 @given(data=st.data())
 def test_a_damaged_run_reads_analyses_and_renders_without_a_traceback(
         pristine: dict[str, bytes], data: st.DataObject) -> None:

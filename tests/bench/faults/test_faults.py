@@ -1,22 +1,31 @@
 """`make faults`, row by row: the same rows, each a real bench process on the fake engine with
 its fault injected. A row passes when it survived (the bench ended as it should, with one
 clear line and the RESUME hint where it stopped, no traceback, no process left) and no finished
-record was lost."""
+record was lost. The selected rows run once, side by side as `make faults` runs them (the
+exclusive ones alone), and each row's test reads its own results."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from bench.faults.cli import ALL_ROWS
-from bench.faults.harness import Context
+from bench.faults.cli import ALL_ROWS, run_rows
+from bench.faults.harness import FaultResult
 from bench.faults.rows import Row
 
 
+@pytest.fixture(scope="module")
+def fault_results(request: pytest.FixtureRequest,
+                  tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[FaultResult]]:
+    selected = {item.callspec.params["row"].name for item in request.session.items
+                if item.module is request.module and hasattr(item, "callspec")}
+    return run_rows([r for r in ALL_ROWS if r.name in selected],
+                    tmp_path_factory.mktemp("faults"))
+
+
 @pytest.mark.parametrize("row", ALL_ROWS, ids=[r.name for r in ALL_ROWS])
-def test_fault_is_survived_with_no_record_lost(row: Row, tmp_path: Path) -> None:
-    results = row.run(Context(tmp_path))
+def test_fault_is_survived_with_no_record_lost(
+        row: Row, fault_results: dict[str, list[FaultResult]]) -> None:
+    results = fault_results[row.name]
     assert results
     for result in results:
         assert result.survived, f"{result.fault}: {result.why} (the user saw: {result.line})"

@@ -91,3 +91,12 @@ def test_summary_has_vllm_named_serving_figures_and_a_parquet_table(reported_run
     ok = table[table["status"] == "ok"]
     assert ok["ttft_s"].notna().all() and (ok["e2el_s"] >= ok["ttft_s"]).all()
     assert "## Serving figures (vLLM benchmark names)" in (reported_run / "report.md").read_text()
+
+
+def test_a_run_on_an_uncompiled_server_says_so(make_run: Callable[..., Path]) -> None:
+    run = make_run(blocks=3, serving=False)
+    manifest = json.loads((run / "manifest.json").read_text())
+    (run / "manifest.json").write_text(json.dumps({**manifest, "config": {"fast_start": True}}))
+    report = write_report(run).markdown.read_text()
+    assert "started uncompiled (FAST_START=1, --optimization-level 0)" in report
+    assert "compare these times only with runs made the same way" in report

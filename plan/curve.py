@@ -1,0 +1,201 @@
+"""A monotone load-response curve through measured levels, and its inverse at a target.
+
+The measured statistic per level (a quantile of postfork time, a mean cycle time) is first made
+non-decreasing in N by weighted isotonic regression (pool-adjacent-violators, weights = the
+level's continuations): more agents on one server never make an agent faster, so a dip between
+two levels is noise. Scipy's PCHIP then interpolates the pooled values; it keeps their
+monotonicity and reproduces a straight line exactly. Beyond the measured levels the curve goes on
+as the straight line of its last (or first) segment, and every value there is flagged
+extrapolated.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import ArrayLike
+from scipy.interpolate import PchipInterpolator
+
+
+def isotonic(values: ArrayLike, weights: ArrayLike) -> np.ndarray:
+    """The weighted least-squares non-decreasing fit (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [weighted mean, weight, count]
+    for value, weight in zip(np.asarray(values, dtype=float), np.asarray(weights, dtype=float),
+                             strict=True):
+        blocks.append([float(value), float(weight), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            b = blocks.pop()
+            a = blocks[-1]
+            total = a[1] + b[1]
+            a[0] = (a[0] * a[1] + b[0] * b[1]) / total if total else (a[0] + b[0]) / 2
+            a[1], a[2] = total, a[2] + b[2]
+    out: list[float] = []
+    for mean, _, count in blocks:
+        out += [mean] * int(count)
+    return np.asarray(out)
+
+
+@dataclass(frozen=True)
+class Inverse:
+    """The largest N whose curve value meets a target. `value` is None when even the smallest
+    measured level (extrapolated down to N = 0) misses it, and math.inf when the curve never
+    reaches the target (flat beyond the measured levels)."""
+
+    value: float | None
+    extrapolated: bool
+
+
+class MonotoneCurve:
+    """The fitted curve (module docstring). `levels` ascending, one value per level."""
+
+    def __init__(self, levels: ArrayLike, values: ArrayLike,
+                 weights: ArrayLike | None = None) -> None:
+        x = np.asarray(levels, dtype=float)
+        if len(x) == 0 or np.any(np.diff(x) <= 0):
+            raise ValueError(f"levels must be ascending and distinct, got {x.tolist()}")
+        w = np.ones(len(x)) if weights is None else np.asarray(weights, dtype=float)
+        self.levels = x
+        self.measured = np.asarray(values, dtype=float)
+        self.fitted = isotonic(self.measured, w)
+        self._pchip = PchipInterpolator(x, self.fitted) if len(x) >= 2 else None
+
+    @property
+    def low(self) -> float:
+        return float(self.levels[0])
+
+    @property
+    def high(self) -> float:
+        return float(self.levels[-1])
+
+    def _slope(self, end: int) -> float:
+        if len(self.levels) < 2:
+            return 0.0
+        i, j = (0, 1) if end == 0 else (-2, -1)
+        return float((self.fitted[j] - self.fitted[i]) / (self.levels[j] - self.levels[i]))
+
+    def __call__(self, n: float) -> float:
+        if self._pchip is None:
+            return float(self.fitted[0])
+        if n > self.high:
+            return float(self.fitted[-1] + self._slope(-1) * (n - self.high))
+        if n < self.low:
+            return float(self.fitted[0] + self._slope(0) * (n - self.low))
+        return float(self._pchip(n))
+
+    def extrapolated(self, n: float) -> bool:
+        return not self.low <= n <= self.high
+
+    def inverse(self, target: float) -> Inverse:
+        """The largest N (real-valued) with curve(N) <= target (see `Inverse`)."""
+        top = float(self.fitted[-1])
+        if top <= target:
+            slope = self._slope(-1)
+            if slope <= 0:
+                return Inverse(math.inf, True)
+            return Inverse(self.high + (target - top) / slope, self.high + (target - top)
+                           / slope > self.high)
+        first = float(self.fitted[0])
+        if first > target:
+            slope = self._slope(0)
+            if slope <= 0:
+                return Inverse(None, True)
+            below = self.low - (first - target) / slope
+            return Inverse(below if below > 0 else None, True)
+        assert self._pchip is not None  # two levels at least: fitted[0] <= target < fitted[-1]
+        # the last segment whose left end meets the target holds the crossing
+        i = int(np.nonzero(self.fitted <= target)[0][-1])
+        c3, c2, c1, c0 = (float(v) for v in self._pchip.c[:, i])  # in t = N - levels[i]
+        lo, hi = 0.0, float(self.levels[i + 1] - self.levels[i])
+        for _ in range(50):  # bisection: the cubic is monotone on the segment
+            mid = (lo + hi) / 2
+            if ((c3 * mid + c2) * mid + c1) * mid + c0 <= target:
+                lo = mid
+            else:
+                hi = mid
+        return Inverse(float(self.levels[i]) + lo, False)
+
+
+class CurveBatch:
+    """Many curves over the same levels at once (the bootstrap's resamples): the same fit as
+    `MonotoneCurve` row by row, with PCHIP built once along an axis and every inverse and
+    evaluation vectorized. `values` has one row per curve."""
+
+    def __init__(self, levels: ArrayLike, values: ArrayLike, weights: ArrayLike) -> None:
+        self.levels = np.asarray(levels, dtype=float)
+        rows = np.atleast_2d(np.asarray(values, dtype=float))
+        self.fitted = np.array([isotonic(row, weights) for row in rows])
+        self.c = (PchipInterpolator(self.levels, self.fitted, axis=1).c
+                  if len(self.levels) >= 2 else None)  # (4, segments, curves)
+
+    def _end_slopes(self) -> tuple[np.ndarray, np.ndarray]:
+        x, f = self.levels, self.fitted
+        if len(x) < 2:
+            zero = np.zeros(len(f))
+            return zero, zero
+        return (f[:, 1] - f[:, 0]) / (x[1] - x[0]), (f[:, -1] - f[:, -2]) / (x[-1] - x[-2])
+
+    def inverse(self, targets: ArrayLike) -> np.ndarray:
+        """Per curve, the largest N with curve(N) <= target: NaN where none (as
+        `Inverse.value` None), inf where the curve never reaches the target."""
+        target = np.broadcast_to(np.asarray(targets, dtype=float), (len(self.fitted),))
+        x, f = self.levels, self.fitted
+        first_slope, last_slope = self._end_slopes()
+        out = np.full(len(f), np.nan)
+        above = f[:, -1] <= target
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out = np.where(above, np.where(last_slope > 0, x[-1] + (target - f[:, -1])
+                                           / last_slope, np.inf), out)
+            below = f[:, 0] > target
+            down = x[0] - (f[:, 0] - target) / first_slope
+            out = np.where(below & (first_slope > 0) & (down > 0), down, out)
+        inside = ~above & ~below
+        if self.c is not None and inside.any():
+            rows = np.nonzero(inside)[0]
+            segment = (f[rows] <= target[rows, None]).sum(axis=1) - 1
+            c = self.c[:, segment, rows]
+            lo, hi = np.zeros(len(rows)), x[segment + 1] - x[segment]
+            for _ in range(50):
+                mid = (lo + hi) / 2
+                ok = ((c[0] * mid + c[1]) * mid + c[2]) * mid + c[3] <= target[rows]
+                lo, hi = np.where(ok, mid, lo), np.where(ok, hi, mid)
+            out[rows] = x[segment] + lo
+        return out
+
+    def at(self, points: ArrayLike) -> np.ndarray:
+        """Curve i evaluated at points[i] (linear beyond the measured levels)."""
+        n = np.broadcast_to(np.asarray(points, dtype=float), (len(self.fitted),))
+        x, f = self.levels, self.fitted
+        first_slope, last_slope = self._end_slopes()
+        out = np.where(n > x[-1], f[:, -1] + last_slope * (n - x[-1]),
+                       f[:, 0] + first_slope * (n - x[0]))
+        inside = (n >= x[0]) & (n <= x[-1])
+        if self.c is not None and inside.any():
+            rows = np.nonzero(inside)[0]
+            segment = np.clip(np.searchsorted(x, n[rows], side="right") - 1, 0, len(x) - 2)
+            t = n[rows] - x[segment]
+            c = self.c[:, segment, rows]
+            out[rows] = ((c[0] * t + c[1]) * t + c[2]) * t + c[3]
+        return np.asarray(out, dtype=float)
+
+
+def leave_one_level_out(levels: Sequence[float], values: Sequence[float],
+                        weights: Sequence[float]) -> list[dict[str, float | bool]]:
+    """Each level predicted by the curve fitted without it: level, measured, predicted, the
+    absolute percentage error, and whether the prediction was an extrapolation (an end
+    level)."""
+    out: list[dict[str, float | bool]] = []
+    if len(levels) < 3:
+        return out
+    for i, level in enumerate(levels):
+        keep = [j for j in range(len(levels)) if j != i]
+        curve = MonotoneCurve([levels[j] for j in keep], [values[j] for j in keep],
+                              [weights[j] for j in keep])
+        predicted = curve(level)
+        measured = float(values[i])
+        out.append({"level": float(level), "measured": measured, "predicted": predicted,
+                    "ape_pct": abs(predicted - measured) / measured * 100 if measured else 0.0,
+                    "extrapolated": curve.extrapolated(level)})
+    return out

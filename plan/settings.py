@@ -1,0 +1,99 @@
+"""The planner's one typed config (`make plan` variables) and its latency target.
+
+An SLO is `p<q>:<value>s` (the q-th percentile of postfork marginal time at most that many
+seconds, `p90:120s`) or `p<q>:<factor>x` (at most `factor` times the reference arm's q-th
+percentile at its lowest measured level: "an agent in the fleet may take at most twice as long
+as alone", `p90:2x`, the default, which fits any hardware).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from common.errors import SuiteError
+
+DEFAULT_SLO = "p90:2x"
+DEFAULT_AGENTS = 100
+BOOTSTRAP_RESAMPLES = 2000
+CONFIDENCE = 0.95
+_SLO = re.compile(r"^p(\d+(?:\.\d+)?):(\d+(?:\.\d+)?)(s|x)?$")
+
+
+class PlanError(SuiteError):
+    """Bad planner input (an SLO, a run folder without usable records); the message names the
+    value and the fix."""
+
+
+@dataclass(frozen=True)
+class Slo:
+    """A latency target on postfork marginal time."""
+
+    quantile: float  # 0 < q < 1
+    value: float
+    relative: bool  # value is a factor of the reference arm's alone-time quantile
+
+    @property
+    def label(self) -> str:
+        q = f"p{100 * self.quantile:g}"
+        return f"{q} ≤ {self.value:g}x alone" if self.relative else f"{q} ≤ {self.value:g} s"
+
+    @property
+    def text(self) -> str:
+        return f"p{100 * self.quantile:g}:{self.value:g}{'x' if self.relative else 's'}"
+
+
+def parse_slo(text: str) -> Slo:
+    """`p90:120s`, `p90:120` (seconds) or `p90:2x`; raises PlanError naming the value."""
+    found = _SLO.match(text.strip())
+    if not found:
+        raise PlanError(f"SLO={text!r} is not a latency target; write p<percentile>:<seconds>s "
+                        "(SLO=p90:120s) or p<percentile>:<factor>x (SLO=p90:2x: twice the "
+                        "time alone)")
+    percentile, value, unit = float(found[1]), float(found[2]), found[3] or "s"
+    if not 0 < percentile < 100:
+        raise PlanError(f"SLO={text!r}: the percentile must lie between 0 and 100 "
+                        "exclusive (p50, p90, p99)")
+    if value <= 0 or (unit == "x" and value < 1):
+        raise PlanError(f"SLO={text!r}: the target must be positive seconds, or a factor "
+                        "of at least 1x")
+    return Slo(quantile=percentile / 100, value=value, relative=unit == "x")
+
+
+class PlanConfig(BaseModel):
+    """Everything one plan needs. Stored whole in `plan.json`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    run_dir: Path
+    slo: str = Field(default=DEFAULT_SLO, description="latency target (module docstring)")
+    agents: int = Field(default=DEFAULT_AGENTS, gt=0, description="fleet size to plan GPUs for")
+    gpu_hour_usd: float | None = Field(
+        default=None, gt=0, description="price of one GPU-hour; without it costs are GPU-seconds")
+    compressor_usd_per_mtok: float | None = Field(
+        default=None, ge=0, description="price of the external compressor per million tokens "
+        "(prompt + completion)")
+    bootstrap: int = Field(default=BOOTSTRAP_RESAMPLES, ge=100,
+                           description="bootstrap resamples for every interval")
+    confidence: float = Field(default=CONFIDENCE, gt=0.5, lt=1)
+    seed: int = Field(default=0, ge=0, description="seed of the bootstrap and the simulator")
+    costmodel: Path | None = Field(
+        default=None, description="a kernels results file (kernels/SCHEMA.md): the fleet "
+        "simulator predicts levels the sweep did not measure")
+    predict_device: str | None = Field(
+        default=None, description="with costmodel: also predict on this GPU (a row of "
+        "kernels/limits.toml, by the roofline's transfer; unvalidated)")
+    plots: bool = True
+
+    @field_validator("slo")
+    @classmethod
+    def _slo(cls, value: str) -> str:
+        parse_slo(value)
+        return value
+
+    @property
+    def target(self) -> Slo:
+        return parse_slo(self.slo)

@@ -1,0 +1,253 @@
+"""plan.md: the plan for a reader, rendered from the same figures as plan.json."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from plan.breakeven import BreakEven
+from plan.planner import Plan
+
+
+def fmt(value: float | None, digits: int = 2) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if math.isinf(value):
+        return "inf"
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    if 0 < abs(value) < 10 ** -digits * 5:  # small money: significant digits, not zeros
+        return f"{value:.3g}"
+    return f"{value:.{digits}f}"
+
+
+def interval(values: Sequence[float | None] | None, digits: int = 2) -> str:
+    if values is None:
+        return ""
+    low, high = values
+    return f" [{fmt(low, digits)}, {fmt(high, digits) if high is not None else 'inf'}]"
+
+
+def _digits(unit: str) -> int:
+    return 5 if unit == "USD" else 2
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(row) + " |" for row in rows]
+    return out
+
+
+def _scope(plan: Plan) -> list[str]:
+    obs, config = plan.observations, plan.config
+    engine = obs.engine
+    lines = [f"# Capacity plan: {obs.run_id}", ""]
+    lines += [f"> **{note}**" if "cannot reason" in note else f"> {note}"
+              for note in plan.notes]
+    lines.append("")
+    if plan.sweep:
+        levels = sorted({lv.level for c in plan.capacity.values() for lv in c.levels})
+        n = sum(lv.n for c in plan.capacity.values() for lv in c.levels)
+        lines.append(f"From a load-response sweep on {engine.device} (profile "
+                     f"{engine.profile}, max_num_seqs {engine.max_num_seqs}, "
+                     f"{engine.gpus_per_replica} GPU(s) per replica): levels "
+                     f"{', '.join(map(str, levels))}, arms {', '.join(plan.capacity)}, {n} "
+                     f"measured continuations; {_excluded(obs.excluded)}.")
+    else:
+        regimes = sorted({c.condition for c in obs.continuations})
+        lines.append(f"From {len(obs.continuations)} continuations of {', '.join(regimes)} "
+                     f"blocks (profile {engine.profile or 'unknown'}); "
+                     f"{_excluded(obs.excluded)}.")
+    target = (f"Target: SLO {config.target.label}; fleet of {config.agents} agents; "
+              if plan.sweep else "")
+    lines.append(f"{target}{100 * config.confidence:g}% intervals from {config.bootstrap} "
+                 f"bootstrap resamples (seed {config.seed}). Schema: plan/SCHEMA.md.")
+    return [*lines, ""]
+
+
+def _excluded(excluded: dict[str, int]) -> str:
+    if not excluded:
+        return "nothing excluded"
+    return "excluded: " + ", ".join(f"{v} {k}" for k, v in sorted(excluded.items()))
+
+
+def _capacity(plan: Plan, document: dict[str, Any]) -> list[str]:
+    if not plan.sweep:
+        return []
+    first = next(iter(plan.capacity.values()))
+    slo = plan.config.target
+    target = f"{fmt(first.slo_s, 1)} s" + (interval(first.slo_ci, 1) if slo.relative else "")
+    lines = [f"## Agents per GPU (SLO {slo.label} = {target})", ""]
+    rows = []
+    for arm, cap in plan.capacity.items():
+        rows.append([arm, f"**{cap.agents}**{interval(cap.agents_ci, 0)}"
+                     f"{' (extrapolated)' if cap.extrapolated else ''}", cap.binding,
+                     f"{fmt(cap.n_slo, 1)}{interval(cap.n_slo_ci, 1)}"
+                     f"{' (extrapolated)' if cap.n_slo_extrapolated else ''}",
+                     str(cap.kv_cap or "-"), f"{cap.seq_cap or '-'} (duty {fmt(cap.duty)})",
+                     str(sum(lv.n for lv in cap.levels))])
+    lines += _table(["arm", "agents per GPU", "binding limit", "N meeting the SLO",
+                     "KV-cache cap", "sequence cap", "n"], rows)
+    engine = plan.observations.engine
+    source = engine.kv_source or "not recorded"
+    lines += ["", f"KV pool: {fmt(engine.kv_pool_tokens, 0)} tokens ({source}); resident "
+              "tokens per agent = the SLO's quantile of each "
+              "continuation's largest request; the sequence cap is max_num_seqs over the "
+              "agent's duty at the lowest level (plan/capacity.py).", ""]
+    lines += [f"## GPUs needed for {plan.config.agents} agents", ""]
+    rows = []
+    for arm, entry in document["arms"].items():
+        need = entry["gpus_needed"] or {}
+        rows.append([arm, f"**{need.get('gpus') or '-'}**{interval(need.get('gpus_ci'), 0)}",
+                     f"{need.get('replicas') or '-'} x {engine.gpus_per_replica}",
+                     "yes" if need.get("extrapolated") else "no"])
+    lines += _table(["arm", "GPUs", "replicas x GPUs per replica", "extrapolated"], rows)
+    lines += ["", "## Per task at the planned fleet", ""]
+    rows = []
+    for arm, f in plan.operating.items():
+        if f is None:
+            rows.append([arm, "-", "-", "-", "-", "-"])
+            continue
+        rows.append([arm, f"{fmt(f.agents, 0)}", f"{fmt(f.tasks_per_gpu_hour, 1)}"
+                     f"{interval(f.tasks_per_gpu_hour_ci, 1)}",
+                     f"{fmt(f.gpu_s_per_task)}{interval(f.gpu_s_per_task_ci)}",
+                     f"{fmt(f.cost_per_task, _digits(f.cost_unit))} {f.cost_unit}",
+                     fmt(f.joules_per_task, 0)])
+    lines += _table(["arm", "agents per GPU", "tasks per GPU-hour", "GPU-s per task",
+                     "cost per task", "J per task"], rows)
+    return [*lines, ""]
+
+
+def _levels(plan: Plan) -> list[str]:
+    if not plan.sweep:
+        return []
+    q = f"p{100 * plan.config.target.quantile:g}"
+    lines = ["## Load response (measured levels)", ""]
+    rows = []
+    for arm, cap in plan.capacity.items():
+        figures = {f.condition: f for f in plan.level_figures[arm]}
+        for j, lv in enumerate(cap.levels):
+            f = figures[f"N={lv.level}"]
+            rows.append([arm, str(lv.level), str(lv.n), str(lv.failed),
+                         f"{fmt(float(cap.quantiles[j]), 1)}{interval(cap.quantile_ci[j], 1)}",
+                         fmt(float(cap.mean_cycle[j]), 1), fmt(lv.duty),
+                         f"{fmt(f.tasks_per_gpu_hour, 0)}{interval(f.tasks_per_gpu_hour_ci, 0)}",
+                         fmt(f.joules_per_task, 0)])
+    lines += _table(["arm", "N", "n", "failed", f"{q} postfork s", "mean cycle s", "duty",
+                     "tasks per GPU-hour", "J per task"], rows)
+    lines += ["", "### How far the curve reaches", ""]
+    for arm, cap in plan.capacity.items():
+        if not cap.lolo:
+            lines.append(f"- {arm}: leave-one-level-out error needs 3 measured levels or more "
+                         f"(this sweep has {len(cap.levels)})")
+            continue
+        lines.append(f"- {arm}: leave-one-level-out error of the fitted {q} (median absolute "
+                     f"percentage error): {fmt(cap.lolo_mape, 1)}% between measured levels, "
+                     f"{fmt(cap.lolo_mape_all, 1)}% with the end levels extrapolated "
+                     f"({len(cap.lolo)} levels).")
+    lines.append("- Every figure marked *extrapolated* lies beyond the measured levels, where "
+                 "the curve is its last segment's straight line: measure those levels to rely "
+                 "on it.")
+    return [*lines, ""]
+
+
+def _breakeven_rows(rows: list[BreakEven]) -> list[list[str]]:
+    out = []
+    for be in rows:
+        if be.n_pairs == 0:
+            continue
+        uses = (f"{fmt(be.uses)}{interval(be.uses_ci)}; first whole: {be.uses_whole or 'inf'}"
+                if be.one_time is not None else
+                f"{fmt(be.uses_per_unit, 3)} uses per {be.unit} of T_R")
+        out.append([be.arm, be.condition, str(be.n_pairs),
+                    f"{fmt(be.reference_mean)} / {fmt(be.arm_mean)}",
+                    f"{fmt(be.saving, 3)}{interval(be.saving_ci, 3)}", fmt(be.p_no_saving),
+                    fmt(be.one_time, 3), uses,
+                    f"{fmt(be.serial)} / {fmt(be.amortized.get(3))}" if be.amortized else "-"])
+    return out
+
+
+def _notes(rows: list[BreakEven]) -> list[str]:
+    """Each distinct note once, naming the rows it is about."""
+    found: dict[str, list[str]] = {}
+    for be in rows:
+        for note in filter(None, be.note.split("; ")):
+            found.setdefault(note, []).append(f"{be.arm} {be.condition}")
+    return [f"- {note} ({', '.join(where) if len(where) < len(rows) else 'every row'})"
+            for note, where in found.items()]
+
+
+def _breakeven(plan: Plan) -> list[str]:
+    if not plan.breakeven:
+        return []
+    lines = ["## Break-even uses of one compacted history", "",
+             "n uses recover the one-time rewrite when n (T_C - T_K) > T_R (time) and "
+             "n (C_C - C_K) > C_R (cost); the per-use saving is the mean of matched "
+             "differences, T_K includes the rewriting during the continuation; headline "
+             f"condition: **{plan.headline_condition}**.", ""]
+    header = ["arm", "condition", "pairs", "clean / arm per use", "saving per use",
+              "P(saving <= 0)", "one-time", "break-even uses", "serial / amortized over 3"]
+    for quantity, unit in (("time", "s"), ("cost", plan.prices.unit)):
+        rows = [be for be in plan.breakeven if be.quantity == quantity]
+        lines += [f"### {quantity.capitalize()} ({unit})", ""]
+        table = _breakeven_rows(rows)
+        lines += _table(header, table) if table else ["No matched pairs could be priced."]
+        lines += ["", *_notes(rows), ""]
+    return lines
+
+
+def _regimes(plan: Plan) -> list[str]:
+    if not any(f.gpu_s_per_task is not None for f in plan.regime_figures):
+        return []
+    lines = ["## Per task in the regime blocks", ""]
+    rows = [[f.arm, f.condition, str(f.n),
+             f"{fmt(f.gpu_s_per_task)}{interval(f.gpu_s_per_task_ci)}",
+             f"{fmt(f.cost_per_task, _digits(f.cost_unit))} {f.cost_unit}"
+             if f.cost_per_task is not None else "-",
+             fmt(f.joules_per_task, 0), f.note] for f in plan.regime_figures]
+    lines += _table(["arm", "regime", "n", "GPU-s per task", "cost per task", "J per task",
+                     "how"], rows)
+    return [*lines, ""]
+
+
+def _simulation(plan: Plan) -> list[str]:
+    sim = plan.simulation
+    if sim is None:
+        return []
+    q = f"p{100 * plan.config.target.quantile:g}"
+    lines = ["## Simulated levels (device cost model)", "",
+             f"A SimPy fleet simulator replays measured continuations against the cost model "
+             f"`{sim.source}` ({sim.device}; its own held-out error: prefill "
+             f"{fmt(sim.heldout_mape.get('prefill'), 1)}%, decode "
+             f"{fmt(sim.heldout_mape.get('decode'), 1)}%).", ""]
+    rows = []
+    for arm, levels in sim.levels.items():
+        moved = {lv.level: lv for lv in sim.transferred.get(arm, [])}
+        for lv in levels:
+            other = moved.get(lv.level)
+            row = [arm, str(lv.level), fmt(lv.predicted_s, 1), fmt(lv.measured_s, 1),
+                   fmt(lv.ape_pct, 1), "no" if lv.in_measured_range else "yes"]
+            rows.append([*row, fmt(other.predicted_s, 1) if other else "-"]
+                        if sim.transfer_device else row)
+        lines.append(f"- {arm}: simulator error on the measured levels (median APE of the "
+                     f"{q}): {fmt(sim.mape(arm), 1)}%")
+    header = ["arm", "N", f"simulated {q} s", f"measured {q} s", "APE %", "beyond measured"]
+    if sim.transfer_device:
+        header.append(f"on {sim.transfer_device} (unvalidated)")
+    lines += ["", *_table(header, rows)]
+    lines += [f"- {note}" for note in sim.notes]
+    return [*lines, ""]
+
+
+def plan_markdown(plan: Plan, document: dict[str, Any], plots: Sequence[Path]) -> str:
+    """The whole plan.md."""
+    lines = _scope(plan) + _capacity(plan, document) + _levels(plan) + _regimes(plan)
+    lines += _breakeven(plan) + _simulation(plan)
+    lines += ["## What these records cannot tell", ""]
+    lines += [f"- {line}" for line in plan.cannot] or ["- nothing left out"]
+    if plots:
+        lines += ["", "## Plots", ""]
+        lines += [f"![{p.stem}](plots/{p.name})" for p in plots]
+    return "\n".join(lines) + "\n"

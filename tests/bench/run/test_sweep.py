@@ -1,0 +1,38 @@
+"""The sweep's bookkeeping: its levels, and which cells a resumed sweep still runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from bench.analysis.runfolder import ArmRecord, write_records
+from bench.run.config import BenchConfig, SweepSettings
+from bench.run.fleet import continuation_block
+from bench.run.sweep import SWEEP_FILE, finished_cells
+from common.files import JsonlWriter
+
+
+def test_default_levels_double_up_to_twice_the_sequence_limit() -> None:
+    assert SweepSettings().levels_for(4) == (1, 2, 4, 8)
+    assert SweepSettings().levels_for(32) == (1, 2, 4, 8, 16, 32, 64)
+    assert SweepSettings().levels_for(48) == (1, 2, 4, 8, 16, 32, 48, 64, 96)
+    assert SweepSettings(levels=(4, 1, 4)).levels_for(32) == (1, 4)
+    with pytest.raises(ValidationError, match="positive fleet sizes"):
+        SweepSettings(levels=(0, 2))
+    config = BenchConfig(regime="sweep", sweep={"levels": [1, 2], "min_continuations": 3})
+    assert config.sweep.levels == (1, 2) and config.sweep.min_continuations == 3
+
+
+def test_resume_skips_finished_cells_and_reruns_a_cut_one_as_its_next_pass(tmp_path: Path
+                                                                        ) -> None:
+    with JsonlWriter(tmp_path / SWEEP_FILE) as cells:
+        cells.write({"arm": "clean", "level": 1, "status": "done", "cell_pass": 1})
+    write_records(tmp_path / "arms.jsonl", [
+        ArmRecord("sweep", continuation_block(1, 0, 0), "clean", "original", "complete", 3.0,
+                  level=1, sweep_agent=0, sweep_index=0, sweep_phase="warmup"),
+        ArmRecord("sweep", continuation_block(2, 1, 0), "self", "original", "complete", 3.0,
+                  level=2, sweep_agent=1, sweep_index=0, sweep_phase="warmup")])
+    done, passes = finished_cells(tmp_path)
+    assert done == {("clean", 1)} and passes == {("self", 2): 2}

@@ -1,0 +1,133 @@
+"""Synthetic sweep runs with a known truth, written as real run-folder files by the suite's own
+writers (`write_records`, `write_json`, `JsonlWriter`), read back by the planner like any run.
+
+Truth: at level N, postfork time = (a + b N) x exp(sigma Z), Z standard normal, so its
+q-quantile is (a + b N) x exp(sigma z_q): a straight line in N, which the planner's PCHIP fit
+reproduces exactly, so the only error left is sampling. The compact arm `self` shares each
+clean continuation's (level, agent, index) and runs `saving` seconds shorter, saving ~
+Normal(saving_mean, saving_sd), with a one-time fork rewrite of `fork_rewrite_s`: its true
+break-even is fork_rewrite_s / saving_mean uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from scipy.stats import norm
+
+from bench.analysis.runfolder import ArmRecord, BlockRecord, write_json, write_records
+from common.files import JsonlWriter
+from loadgen.request import RequestRecord
+
+
+@dataclass(frozen=True)
+class Truth:
+    a: float = 20.0
+    b: float = 5.0
+    sigma: float = 0.25
+    saving_mean: float = 4.0
+    saving_sd: float = 3.0
+    fork_rewrite_s: float = 6.0
+
+    def quantile(self, n: float, q: float) -> float:
+        return (self.a + self.b * n) * float(np.exp(self.sigma * norm.ppf(q)))
+
+    def agents_at(self, slo_s: float, q: float) -> float:
+        """The true real-valued N whose q-quantile equals the SLO."""
+        return (slo_s / float(np.exp(self.sigma * norm.ppf(q))) - self.a) / self.b
+
+    @property
+    def break_even_uses(self) -> float:
+        return self.fork_rewrite_s / self.saving_mean
+
+
+def write_sweep_run(path: Path, *, seed: int, truth: Truth = Truth(),
+                    levels: tuple[int, ...] = (1, 2, 4, 8), per_level: int = 30,
+                    max_num_seqs: int = 64, requests: bool = False, warmup: bool = True,
+                    profile: str = "synthetic", power_w: float | None = None) -> Path:
+    """A sweep run folder (module docstring). With `requests`, every continuation gets three
+    requests spanning 60% of it (duty 0.6) with 1000 + 500 k prompt tokens. With `power_w`,
+    `gpu.jsonl` has two GPUs drawing power_w / 2 each, sampled every second, as NVML lines."""
+    rng = np.random.default_rng(seed)
+    arms: list[ArmRecord] = []
+    blocks: list[BlockRecord] = []
+    lines: list[RequestRecord] = []
+    path.mkdir(parents=True, exist_ok=True)
+    cells = JsonlWriter(path / "sweep.jsonl")
+    t = 0.0
+    for level in levels:
+        agents = min(level, per_level)
+        per_agent = -(-per_level // agents)
+        times = [(truth.a + truth.b * level) * float(np.exp(truth.sigma * rng.normal()))
+                 for _ in range(agents * per_agent)]
+        savings = rng.normal(truth.saving_mean, truth.saving_sd, size=len(times))
+        for arm in ("clean", "self"):
+            start = t
+            for i in range(agents):
+                for k in range(per_agent + (1 if warmup else 0)):
+                    phase = "warmup" if warmup and k == 0 else "measured"
+                    j = i * per_agent + (k - 1 if warmup else k)
+                    base = times[j] if phase == "measured" else truth.a
+                    postfork = base - (savings[j] if arm == "self" and phase == "measured"
+                                       else 0.0)
+                    block = (level * 10_000 + i) * 10_000 + k + 1
+                    arms.append(ArmRecord(
+                        regime="sweep", block=block, arm=arm, attempt="original",
+                        status="complete", postfork_s=postfork, rewrite_s=0.0,
+                        started_s=t, ended_s=t + postfork, level=level, sweep_agent=i,
+                        sweep_index=k, sweep_phase=phase,
+                        fork_rewrite_s=truth.fork_rewrite_s if arm == "self" else None))
+                    blocks.append(BlockRecord("sweep", block, (arm,), t, t + postfork))
+                    if requests:
+                        for r in range(3):
+                            sent = t + postfork * (0.05 + 0.3 * r)
+                            lines.append(RequestRecord(
+                                request_id=f"{arm}-{block}-{r}", sent_s=sent, status="ok",
+                                source=arm, regime="sweep", block=block, end_s=sent + 0.2
+                                * postfork, first_token_s=sent + 0.01,
+                                prompt_tokens=1000 + 500 * r, cached_tokens=900,
+                                completion_tokens=100, labels={"attempt": "original"}))
+                    t += postfork / agents
+            cells.write({"arm": arm, "level": level, "agents": agents, "cell_pass": 1,
+                         "status": "done", "started_s": start, "ended_s": t,
+                         "measured_window_s": [start, t]})
+    cells.close()
+    write_json(path / "manifest.json", {
+        "run_id": path.name, "task": "synthetic", "arms": ["clean", "self"], "profile": profile,
+        "regime": {"name": "sweep", "max_num_seqs": max_num_seqs},
+        "server": {"profile": {"name": profile, "engine": "fake", "gpus": 1,
+                               "engine_args": {"max_num_seqs": max_num_seqs}}},
+        "sweep": {"levels": list(levels),
+                  "server_cache_config": {"num_gpu_blocks": "100", "block_size": "128"}}})
+    write_records(path / "arms.jsonl", arms)
+    write_records(path / "blocks.jsonl", blocks)
+    if requests:
+        write_records(path / "requests.jsonl", lines)
+    if power_w is not None:
+        with JsonlWriter(path / "gpu.jsonl") as gpu:
+            for second in range(int(t) + 2):
+                for index in (0, 1):
+                    gpu.write({"t_s": float(second), "gpu": index, "name": "NVIDIA H200",
+                               "power_w": power_w / 2, "energy_j": None})
+    return path
+
+
+@pytest.fixture
+def truth() -> Truth:
+    return Truth()
+
+
+@pytest.fixture
+def make_sweep(tmp_path: Path) -> Callable[..., Path]:
+    """Factory: make_sweep(name, seed=..., **options) writes a synthetic sweep run folder."""
+
+    def make(name: str = "sweep", **options: Any) -> Path:
+        options.setdefault("seed", 0)
+        return write_sweep_run(tmp_path / name, **options)
+
+    return make

@@ -55,6 +55,9 @@ class BlockSettings:
     protocol: str  # strict | lenient
     block_size: int  # the server's KV block size (tokens), for the fork cache state
     ledger: Ledger
+    # CACHE=run: the run's one cache salt, unique to this run (a rerun under the same RUN_ID
+    # must not find the earlier run's blocks) and kept on RESUME; None: the run id
+    run_salt: str | None = None
 
 
 @dataclass(frozen=True)
@@ -184,7 +187,7 @@ def run_block(arms: list[Arm], *, settings: BlockSettings, regime: str, block: i
 
     def attempt_config(arm: Arm, seed: int) -> tuple[ChatModelConfig, str | None]:
         salt = (f"{settings.run_id}-b{block}-{arm.name}-{attempt}" if config.cache == "isolated"
-                else settings.run_id if config.cache == "run" else None)
+                else (settings.run_salt or settings.run_id) if config.cache == "run" else None)
         extra = {**settings.model.extra_body, **({"cache_salt": salt} if salt else {})}
         return settings.model.model_copy(update={"seed": seed, "extra_body": extra}), salt
 

@@ -433,7 +433,9 @@ def run_bench(config: BenchConfig, *, stream: TextIO = sys.stderr) -> RunOutcome
                 config=config, run_id=run_id, task=task, model=model,
                 protocol=config.protocol_for(profile),
                 block_size=profile.engine_args.block_size or DEFAULT_KV_BLOCK,
-                ledger=Ledger(run_dir / "ledger.jsonl"))
+                ledger=Ledger(run_dir / "ledger.jsonl"),
+                # the clock origin is this run's own and the manifest keeps it for RESUME
+                run_salt=f"{run_id}-{run.origin:.6f}")
             records, aborted = _blocks(run, arms, settings, url, probe, stream)
         phases.add("invocation", invoked, time.monotonic())  # up to the report's start
         if run.stop.reason is not None:

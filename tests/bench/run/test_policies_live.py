@@ -37,7 +37,9 @@ def test_policy_arms_run_with_ledgers_and_exact_cache_accounting(cpu_server: Ser
     arms = {a["arm"]: a for a in lines(run / "arms.jsonl")}
     assert sorted(arms) == sorted(ARMS)
     assert all(a["status"] == "complete" and a["invariant"]["passed"] for a in arms.values())
-    assert len({a["cache_salt"] for a in arms.values()}) == 1  # one salt for the whole run
+    salts = {a["cache_salt"] for a in arms.values()}
+    assert len(salts) == 1  # one salt for the whole run, its own: not the reusable run id
+    assert salts.pop().startswith("policies-")
     ledger = [e for e in lines(run / "ledger.jsonl") if e.get("kind") == "policy"]
     assert {e["policy"] for e in ledger} >= {"delete-all-thinking", "random-30", "keep-latest",
                                              "entropy", "step-entropy"}

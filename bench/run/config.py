@@ -9,6 +9,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from common.errors import SuiteError
 from common.net import server_url
 from common.paths import results_dir
 from serve.profile import Profile
@@ -36,6 +37,11 @@ RUN_SETTINGS = ("regime", "task", "arms", "seed", "seeds", "cache", "protocol", 
                 "speculative", "expert_parallel", "stream_deadline_s", "compressor_deadline_s",
                 "arm_wall_s", "sweep", "fast_start",
                 "token_ids")
+
+
+class BenchError(SuiteError):
+    """A run cannot start or had to stop; the message says why and what to do."""
+
 
 
 class SweepSettings(BaseModel):

@@ -46,25 +46,15 @@ import numpy as np
 from bench.analysis.runfolder import ArmRecord, write_json
 from bench.run.arm import Arm
 from bench.run.block import BlockSettings
+from bench.run.compressors import build_arms, open_compressors
 from bench.run.config import SWEEP, BenchConfig
 from bench.run.fleet import CellOutcome, run_cell
 from bench.run.manifest import build_manifest, history_hashes
 from bench.run.phases import PhaseLog
-
-# The run-level steps a sweep shares with a block run: the compressors and the self-check
-# (private to the runner; see the report of issue 12 for making them public).
-from bench.run.runner import (
-    DEFAULT_KV_BLOCK,
-    RunOutcome,
-    _compressors,
-    _selfcheck,
-    build_arms,
-    fingerprint,
-    history_paths,
-    open_run,
-    resumed_config,
-)
+from bench.run.resume import fingerprint, history_paths, open_run, resumed_config
+from bench.run.runner import DEFAULT_KV_BLOCK, RunOutcome
 from bench.run.stop import RunStop
+from bench.run.telemetry import selfcheck
 from bench.run.watchdog import Watchdog
 from bench.run.writer import RunWriter
 from common.errors import ExitCode
@@ -161,9 +151,9 @@ def run_sweep(config: BenchConfig, *, stream: TextIO = sys.stderr) -> RunOutcome
                 ServerConfig(profile=profile, port=config.port, fast_start=config.fast_start),
                 config.server_url))
         compressors = run_stack.enter_context(
-            _compressors(config, profile, url, run_dir, origin, phases))
+            open_compressors(config, profile, url, run_dir, origin, phases))
         with phases.phase("selfcheck"):
-            check = _selfcheck(config, url, profile, run_dir)
+            check = selfcheck(config, url, profile, run_dir)
         arms = {a.name: a for a in build_arms(config, paths, compressors)}
         model = config_for_profile(profile, url, config.seed).model_copy(
             update={"request_timeout_s": config.stream_deadline_s})

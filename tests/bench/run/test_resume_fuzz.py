@@ -12,7 +12,7 @@ from hypothesis import event, example, given
 from hypothesis import strategies as st
 
 from bench.run.config import BenchConfig
-from bench.run.runner import open_run
+from bench.run.resume import open_run
 from common.errors import SuiteError
 
 PRINTS: dict[str, Any] = {"regime": "dedicated", "task": "fix-median"}  # what makes the run

@@ -1,0 +1,104 @@
+"""Each compaction arm's compressor for a run, and the arms built from their history files:
+`self` on the target's own server, `external` at EXTERNAL_URL or the embedded Gemma server,
+started lazily."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.run.arm import Arm, arm_for
+from bench.run.config import (
+    BenchConfig,
+    BenchError,
+)
+from bench.run.phases import PhaseLog
+from common.paths import histories_root
+from histories.compaction.compactor import (
+    CompactionCache,
+    CompressorConfig,
+    external_compressor,
+    self_compressor,
+)
+from histories.compaction.prompts import REWRITE_PROMPTS
+from histories.format.history import load_history
+from serve.launcher import LazyServer, ServerConfig, server_for
+from serve.profile import EXTERNAL_COMPRESSOR_PROFILE, Profile, load_profile
+
+
+def build_arms(config: BenchConfig, paths: dict[str, Path], compressors: Compressors
+               ) -> list[Arm]:
+    """Each arm's history and policy; with `rewrite_cache=reuse`, the task's rewrite cache."""
+    cache = None
+    if config.rewrite_cache == "reuse":
+        cache = CompactionCache(histories_root() / config.task / "compaction" / "cache.jsonl")
+    from histories.policies.registry import parse_arm
+
+    return [arm_for(arm, load_history(paths[arm]), compressors=compressors.configs, cache=cache,
+                    before_request=compressors.hooks.get(parse_arm(arm).compressor or ""))
+            for arm in config.arms]
+
+
+@dataclass
+class Compressors:
+    """Each compaction arm's compressor, and what runs before its requests (a lazy start)."""
+
+    configs: dict[str, CompressorConfig]
+    hooks: dict[str, Callable[[], None]]
+
+
+@contextmanager
+def open_compressors(config: BenchConfig, profile: Profile, target_url: str, run_dir: Path,
+                 origin: float, phases: PhaseLog) -> Iterator[Compressors]:
+    """`self`: the target's own `compressor` name. `external`: EXTERNAL_URL, or on CPU the
+    embedded Gemma server on port + 1, started only when a block first needs a rewrite (on
+    cpu-tiny none does: every block stays under the identity rule)."""
+    if config.prompt not in REWRITE_PROMPTS:
+        raise BenchError(f"unknown prompt {config.prompt!r}; use one of "
+                         f"{', '.join(REWRITE_PROMPTS)}")
+    found = Compressors({"self": deadline(self_compressor(
+        target_url, model=profile.model.compressor_name, prompt=config.prompt), config)}, {})
+    from histories.policies.registry import compressors_needed
+
+    if "external" not in compressors_needed(config.arms):  # external, external-every-<n>
+        yield found
+        return
+    if config.external_url is not None:
+        with server_for(ServerConfig(profile=profile), config.external_url) as url:
+            found.configs["external"] = deadline(external_compressor(url, prompt=config.prompt),
+                                                  config)
+            yield found
+        return
+    if profile.engine != "cpu":
+        raise BenchError("the external arm needs another model's endpoint on a GPU profile: "
+                         "pass EXTERNAL_URL=<OpenAI-compatible URL> (key in "
+                         "$COMPRESSOR_API_KEY), or ARMS=clean,self")
+    lazy = LazyServer(ServerConfig(profile=load_profile(EXTERNAL_COMPRESSOR_PROFILE),
+                                   port=config.port + 1), name="external-compressor",
+                      events=run_dir / "helpers.jsonl", origin=origin)
+    try:
+        # the embedded Gemma is a base model that rambles: its first draft is capped per word
+        found.configs["external"] = deadline(external_compressor(
+            lazy.config.api_url, prompt=config.prompt, max_tokens_per_raw_word=2.0), config)
+
+        def ensure() -> None:
+            started = time.monotonic()
+            fresh = not lazy.used
+            lazy.ensure()
+            if fresh and lazy.server is not None:  # started now, not reused
+                phases.add("compressor_start", started, time.monotonic())
+
+        found.hooks["external"] = ensure
+        yield found
+    finally:
+        lazy.stop()
+
+
+def deadline(compressor: CompressorConfig, config: BenchConfig) -> CompressorConfig:
+    """The compressor with the run's stream deadline (COMPRESSOR_DEADLINE)."""
+    endpoint = compressor.endpoint.model_copy(
+        update={"request_timeout_s": config.compressor_deadline_s})
+    return compressor.model_copy(update={"endpoint": endpoint})

@@ -1,0 +1,128 @@
+"""What runs beside the blocks: the self-check and the service probe before them, then server
+metrics, GPU samplers and the background users with a monitor sampling their state."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.analysis.runfolder import (
+    write_json,
+)
+from bench.run.config import (
+    BenchConfig,
+)
+from common.files import JsonlWriter
+from loadgen.background import BackgroundLoad, ServiceProbe
+from loadgen.metrics import MetricsSampler
+from serve.profile import Profile
+
+LOAD_SAMPLE_S = 0.5  # how often the monitor samples the background load's state
+
+
+class LoadMonitor:
+    """Samples the background load's state twice a second into `load.jsonl` (run clock)."""
+
+    def __init__(self, load: BackgroundLoad, path: Path, origin: float) -> None:
+        self.load = load
+        self.writer = JsonlWriter(path)
+        self.origin = origin
+        self.block: int | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="load-monitor", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(LOAD_SAMPLE_S):
+            status = self.load.status()
+            now = time.monotonic()
+            self.writer.write({
+                "t_s": now - self.origin, "block": self.block, "running": status.running,
+                "users": status.users, "started": status.started, "answered": status.answered,
+                "in_flight": status.in_flight, "done": status.done, "ok": status.ok,
+                "errors": status.errors, "unauthorized": status.unauthorized,
+                "last_ok_age_s": now - status.last_ok_t if status.last_ok_t else None})
+
+    def __enter__(self) -> LoadMonitor:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.writer.close()
+
+
+@dataclass
+class Telemetry:
+    sampler: MetricsSampler
+    monitor: LoadMonitor | None  # None: the regime has no background users
+
+
+@contextmanager
+def run_telemetry(config: BenchConfig, url: str, run_dir: Path, origin: float, users: int,
+               profile: Profile, probe: ServiceProbe | None) -> Iterator[Telemetry]:
+    """Server metrics and GPU samplers for the whole run; background users when the regime has
+    any, living exactly as long as the run (started before the first block and steady before
+    it begins), with a monitor sampling them."""
+    from loadgen.background import BackgroundConfig, ReplayOptions
+    from loadgen.gpu import GpuSampler
+
+    with ExitStack() as stack:
+        sampler = stack.enter_context(MetricsSampler(url, run_dir / "metrics.jsonl",
+                                                     origin=origin))
+        stack.enter_context(GpuSampler(run_dir / "gpu.jsonl", origin=origin))
+        if not users:
+            yield Telemetry(sampler, None)
+            return
+        # Small models without a reasoning field or tool calls get old reasoning and tool
+        # calls inline as text, so background prompts keep realistic lengths. Turns whose
+        # history recorded no wall time are paced by the server's measured service time.
+        replay = ReplayOptions(
+            reasoning="keep" if profile.model.reasoning == "native" else "inline",
+            tool_calls="keep" if profile.model.tool_calls else "inline",
+            measured_ttft_s=probe.ttft_s if probe else None,
+            measured_tokens_per_s=probe.tokens_per_s if probe else None)
+        load = stack.enter_context(BackgroundLoad(BackgroundConfig(
+            server_url=url, model=profile.model.target_name, users=users,
+            regime=config.regime, out=run_dir / "requests.jsonl", origin=origin,
+            workers=config.locust_workers, seed=config.seed, replay=replay,
+            spawn_rate=max(1.0, users / 10), max_model_len=profile.engine_args.max_model_len,
+            state_dir=run_dir / "background", duration_s=None)))
+        load.wait_steady(timeout_s=600)
+        yield Telemetry(sampler, stack.enter_context(
+            LoadMonitor(load, run_dir / "load.jsonl", origin)))
+
+
+def selfcheck(config: BenchConfig, url: str, profile: Profile, run_dir: Path
+               ) -> dict[str, Any]:
+    """The serve-time self-check before any block (serve.selfcheck): its report goes into the
+    manifest; a failure stops the run here, its report kept in `selfcheck.json`."""
+    if not config.selfcheck:
+        return {"skipped": "SELFCHECK=0 / --no-selfcheck: the server was not checked"}
+    import os
+
+    from serve.selfcheck import SelfCheckError, run_selfcheck
+
+    try:
+        report = run_selfcheck(url, profile, api_key=os.environ.get("API_KEY") or None)
+    except SelfCheckError as exc:
+        write_json(run_dir / "selfcheck.json", exc.report.to_json())
+        raise
+    found: dict[str, Any] = report.to_json()
+    return found
+
+
+def service_probe(url: str, profile: Profile, users: int) -> ServiceProbe | None:
+    """The server's unloaded service time, measured before the background starts (pacing)."""
+    if not users:
+        return None
+    import os
+
+    from loadgen.background import measure_service
+
+    return measure_service(url, profile.model.target_name, api_key=os.environ.get("API_KEY"))

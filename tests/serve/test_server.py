@@ -118,7 +118,10 @@ def test_foreground_serve_ctrl_c_stops_every_process(tmp_path: Path) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "serve.cli", "run", "--profile", "cpu-tiny", "--port", str(port),
          "--fast-start"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        # a background job of a non-interactive shell (CI, nohup) starts with SIGINT ignored,
+        # and Python then installs no Ctrl-C handler: give the child a terminal's default
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.stdout is not None
     log = []
     deadline = time.monotonic() + 600

@@ -26,7 +26,7 @@ ROOT = repo_root()
 def run_bench(server: Server, tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "bench.cli", "run", "--profile", "cpu-tiny",
-         "--base-url", server.api_url, "--external-url", server.api_url, "--step-limit", "4",
+         "--base-url", server.api_url, "--external-url", server.api_url, "--step-limit", "2",
          *args], cwd=ROOT, capture_output=True, text=True, timeout=900, check=False,
         env={**os.environ, "COMPBENCH_RESULTS": str(tmp)})
 

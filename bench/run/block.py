@@ -186,8 +186,11 @@ def run_block(arms: list[Arm], *, settings: BlockSettings, regime: str, block: i
     records: dict[str, ArmRecord] = {}
 
     def attempt_config(arm: Arm, seed: int) -> tuple[ChatModelConfig, str | None]:
-        salt = (f"{settings.run_id}-b{block}-{arm.name}-{attempt}" if config.cache == "isolated"
-                else (settings.run_salt or settings.run_id) if config.cache == "run" else None)
+        # isolated: unique to this run (its clock origin), block pass, arm and attempt, so a
+        # block run again after a crash, or a rerun under the same RUN_ID, starts cold too
+        run_salt = settings.run_salt or settings.run_id
+        salt = (f"{run_salt}-b{block}-p{block_pass}-{arm.name}-{attempt}"
+                if config.cache == "isolated" else run_salt if config.cache == "run" else None)
         extra = {**settings.model.extra_body, **({"cache_salt": salt} if salt else {})}
         return settings.model.model_copy(update={"seed": seed, "extra_body": extra}), salt
 

@@ -91,11 +91,15 @@ def test_blocks_are_independent_repeats_with_recorded_seeds(target: FakeProcess,
     assert "harness share per block" in report and "harness outside server start" in report
 
     independent = bench(tmp_path, target.api_url, "--blocks", "1", "--arms", "clean,placebo",
-                        "--seeds", "independent", "--run-id", "indep")
+                        "--seeds", "independent", "--cache", "isolated", "--run-id", "indep")
     assert independent.returncode == 0, independent.stderr
     per_arm = {a["arm"]: a["seed"] for a in lines(tmp_path / "indep" / "arms.jsonl")}
     assert per_arm["clean"] != per_arm["placebo"]
-    assert all(a["invariant"]["factor_fields"] == ["seed"]
+    # an isolated cache: a salt per arm, attempt and block pass, unique to this run's clock
+    salts = {a["arm"]: a["cache_salt"] for a in lines(tmp_path / "indep" / "arms.jsonl")}
+    assert salts["clean"] != salts["placebo"] and all(
+        s.startswith("indep-") and "-b1-p1-" in s and s.count("-") >= 5 for s in salts.values())
+    assert all(a["invariant"]["factor_fields"] == ["cache_salt", "seed"]  # the two factors
                for a in lines(tmp_path / "indep" / "arms.jsonl") if a["arm"] == "placebo")
 
 

@@ -42,6 +42,8 @@ from bench.analysis.stats import PairedChange, median_or_none, paired_change
 POOLED = "pooled"
 BlockKey = tuple[str, int]
 
+HELPER_WAIT_LIMIT_S = 1.0  # a longer wait for a lazy helper start: the block is not fair
+
 
 @dataclass(frozen=True)
 class BlockStatus:
@@ -220,6 +222,12 @@ def block_statuses(records: RunRecords, arms: Sequence[str]) -> tuple[BlockStatu
             reasons.extend(text for _, text in notes[key])
         load = loads.get(key)
         load_invalid = tuple(f"invalid load: {r}" for r in (load.reasons if load else ()))
+        # an arm that waited for its compressor server's lazy start did not run side by side
+        # with the others (they ran on, with the server to themselves): not a fair block
+        load_invalid += tuple(
+            f"arm {r.arm} waited {r.helper_wait_s:.0f} s for its compressor server to start: "
+            "the arms did not run side by side" for r in lines
+            if r.attempt == "original" and (r.helper_wait_s or 0.0) > HELPER_WAIT_LIMIT_S)
         reasons.extend(load_invalid)
         complete = not reasons and len(originals) == len(arms)
         statuses.append(BlockStatus(

@@ -84,6 +84,9 @@ class ArmRecord:
     fork_cache_state: str | None = None  # cold | partial | warm
     first_request_s: float | None = None  # when the first postfork request was sent
     setup_s: float | None = None
+    # seconds this attempt waited for a compressor server's lazy start (None: it did not);
+    # excluded from postfork_s and rewrite_s, and the block is marked invalid when it is long
+    helper_wait_s: float | None = None
     error_phase: str | None = None  # setup | run | patch | validation | policy | invariant
     protocol: str | None = None  # strict | lenient
     format_errors: int | None = None

@@ -133,6 +133,7 @@ def arm_record(arm: Arm, result: ContinuationResult, *, policy: HistoryPolicy, w
                                      first.cached_tokens if first else None,
                                      settings.block_size),
         first_request_s=first.sent_s - origin if first else None, setup_s=result.setup_s,
+        helper_wait_s=result.helper_wait_s or None,
         error_phase=phase, protocol=settings.protocol, format_errors=result.format_errors,
         reasoning_source=result.reasoning_source,
         rewrite_requests=sum(c.drafts for c in requests) if compactions else 0,

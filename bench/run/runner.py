@@ -25,6 +25,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from bench.analysis.load import block_load
+from bench.analysis.paired import HELPER_WAIT_LIMIT_S
 from bench.analysis.runfolder import (
     ArmRecord,
     BlockRecord,
@@ -221,8 +222,17 @@ def _blocks(run: _Run, arms: list[Arm], settings: BlockSettings, url: str,
                     monitor.load.check()  # alive, authorised and answering, or stop here
                     monitor.load.set_block(block)
                     monitor.block = block
-                found, closed = _one_block(arms, settings, block, writer, progress, run.users,
-                                           run.passes.get(block, 1), lambda: is_healthy(url))
+                block_pass = run.passes.get(block, 1)
+                found, closed, waits = _one_block(arms, settings, block, writer, progress,
+                                                  run.users, block_pass, lambda: is_healthy(url))
+                if closed and waits:  # the compressor is up now: the block again, fairly
+                    print(f"[bench] block {block}: {waits[0]}; it runs again as pass "
+                          f"{block_pass + 1} (the first pass stays on record, invalid)",
+                          file=stream, flush=True)
+                    records += found
+                    found, closed, _ = _one_block(arms, settings, block, writer, progress,
+                                                  run.users, block_pass + 1,
+                                                  lambda: is_healthy(url))
                 records += found
                 if not closed:
                     aborted = (f"the server at {url} stopped answering during block {block} "
@@ -252,10 +262,11 @@ def _stop_for(stop: RunStop, message: str) -> None:
 
 def _one_block(arms: list[Arm], settings: BlockSettings, block: int, writer: RunWriter,
                progress: Progress, users: int, block_pass: int,
-               server_ok: Callable[[], bool]) -> tuple[list[ArmRecord], bool]:
-    """Run one block; (its arm records, whether it was closed). A block after which the server
-    no longer answers gets no block record: its failures are the server's, not the arms', so
-    `RESUME` runs it again in full as its next pass (the arm records stay, as pass 1)."""
+               server_ok: Callable[[], bool]) -> tuple[list[ArmRecord], bool, list[str]]:
+    """Run one block; (its arm records, whether it was closed, the arms that waited for a
+    compressor server's lazy start). A block after which the server no longer answers gets no
+    block record: its failures are the server's, not the arms', so `RESUME` runs it again in
+    full as its next pass (the arm records stay, as pass 1)."""
     config = settings.config
     rng = np.random.default_rng([config.seed, block])
     for arm in arms:
@@ -271,20 +282,26 @@ def _one_block(arms: list[Arm], settings: BlockSettings, block: int, writer: Run
     with contextlib.suppress(OSError):
         writer.sync()
     if not server_ok():
-        return outcome.records, False
+        return outcome.records, False, []
     folder = read_run(writer.run_dir)
     load = block_load(config.regime, users, started, ended,
                       [r for r in folder.requests if r.regime == config.regime],
                       list(folder.metrics), list(folder.load))
+    # an arm that waited for its compressor server to start did not run side by side with
+    # the others (they ran on, with the server to themselves): not a fair block
+    waits = [f"arm {r.arm} waited {r.helper_wait_s:.0f} s for its compressor server to start"
+             for r in outcome.records if (r.helper_wait_s or 0.0) > HELPER_WAIT_LIMIT_S]
+    reasons = (*load.reasons, *(f"{w}: the arms did not run side by side (the block runs "
+                                "again as its next pass)" for w in waits))
     writer.block(BlockRecord(
         regime=config.regime, block=block, order=outcome.order, started_s=started,
         ended_s=ended, seed=outcome.seed,
         released_s=None if outcome.released_s is None else outcome.released_s - origin,
-        load=load.to_json(), invalid_reasons=load.reasons,
+        load=load.to_json(), invalid_reasons=reasons,
         block_pass=block_pass if block_pass > 1 else None))
     writer.sync()
     progress.block_finished(ended - started)
-    return outcome.records, True
+    return outcome.records, True, waits
 
 
 def _recover(arms: list[Arm], settings: BlockSettings, run_dir: Path,

@@ -109,6 +109,7 @@ class ChatModel:
         self.records: list[RequestRecord] = []
         self.first_body: bytes | None = None  # the first request exactly as sent
         self.rewrite_s = 0.0  # time spent in policy.prepare, kept apart from request time
+        self.waited_s = 0.0  # waiting in policy.prepare for a compressor server to start
         self.client = StreamClient(read_timeout_s=config.request_timeout_s, clock=clock)
 
     # --- mini-swe-agent Model protocol -------------------------------------------------------
@@ -120,6 +121,7 @@ class ChatModel:
             # waiting for a compressor server to start is setup, not rewriting
             waited = float(getattr(self.policy, "waited_s", 0.0)) - waited
             self.rewrite_s += self.clock() - started - waited
+            self.waited_s += waited
         response = self.request(self.api_messages(messages))
         message = response.message()
         extra: dict[str, Any] = {"request": response.record.to_json(), "cost": 0.0,

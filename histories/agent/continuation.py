@@ -63,7 +63,7 @@ class ContinuationResult:
     submission: str
     turns: int
     setup_s: float
-    postfork_s: float  # excludes rewrite_s (the study's definition)
+    postfork_s: float  # excludes rewrite_s (the study's definition) and helper_wait_s
     rewrite_s: float
     started_s: float  # clock value just before the first postfork request
     ended_s: float  # clock value after local validation
@@ -78,6 +78,9 @@ class ContinuationResult:
     first_body: bytes | None = field(default=None, repr=False)  # the first request as sent
     reasoning_tokens: int | None = None  # postfork reasoning tokens (see reasoning_source)
     reasoning_source: str | None = None  # server-usage | tokenizer | None (not recorded)
+    # waiting for a compressor server's lazy start mid-continuation: setup, excluded from both
+    # postfork_s and rewrite_s (the other arms of the block ran on meanwhile: see the runner)
+    helper_wait_s: float = 0.0
 
 
 def pending_observation(history: History) -> dict[str, Any]:
@@ -253,8 +256,10 @@ def continue_history(history: History, task: Task, config: ChatModelConfig, *,
     reasoning, source = _reasoning_tokens(messages, len(seeded), model.records, model.config)
     return ContinuationResult(
         task=task.id, arm=history.arm, terminal_status=status, submission=submission,
-        turns=turns, setup_s=setup_s, postfork_s=ended - start - model.rewrite_s,
+        turns=turns, setup_s=setup_s,
+        postfork_s=ended - start - model.rewrite_s - model.waited_s,
         rewrite_s=model.rewrite_s, started_s=start, ended_s=ended, validation=validation,
         patch=patch, requests=list(model.records), messages=messages, error=error,
         error_phase=phase, format_errors=count, first_format_error=first,
-        first_body=model.first_body, reasoning_tokens=reasoning, reasoning_source=source)
+        first_body=model.first_body, reasoning_tokens=reasoning, reasoning_source=source,
+        helper_wait_s=model.waited_s)

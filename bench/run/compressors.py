@@ -77,7 +77,8 @@ def open_compressors(config: BenchConfig, profile: Profile, target_url: str, run
                          "pass EXTERNAL_URL=<OpenAI-compatible URL> (key in "
                          "$COMPRESSOR_API_KEY), or ARMS=clean,self")
     lazy = LazyServer(ServerConfig(profile=load_profile(EXTERNAL_COMPRESSOR_PROFILE),
-                                   port=config.port + 1), name="external-compressor",
+                                   port=config.port + 1, fast_start=config.fast_start),
+                      name="external-compressor",
                       events=run_dir / "helpers.jsonl", origin=origin)
     try:
         # the embedded Gemma is a base model that rambles: its first draft is capped per word

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 UNIT = 16
@@ -39,8 +39,9 @@ def prefix_label(prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> di
             "hashes": unit_hashes([*prompt_ids, *completion_ids])}
 
 
-def shared_units(a: Sequence[str], b: Sequence[str]) -> int:
-    """How many leading unit hashes two hash lists share (shared tokens = this x unit)."""
+def common_prefix(a: Sequence[Hashable], b: Sequence[Hashable]) -> int:
+    """How many leading items two sequences share: tokens of two prompts, or unit hashes of two
+    requests (shared tokens = this x unit)."""
     count = 0
     for x, y in zip(a, b, strict=False):
         if x != y:

@@ -4,7 +4,6 @@ model, started once per test session (cold start is 1.5-2 minutes on 2 cores).""
 from __future__ import annotations
 
 import os
-import socket
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
+from common.net import free_port
 from serve.launcher import Server, ServerConfig, is_healthy
 from serve.profile import load_profile
 
@@ -28,11 +28,6 @@ settings.register_profile("long", parent=settings.get_profile("default"), derand
                           max_examples=5000)
 settings.load_profile(os.environ.get("COMPBENCH_FUZZ") or "default")
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # The session server starts as soon as collection knows an integration test will run, and the
@@ -81,11 +76,6 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         os.environ.pop("COMPBENCH_RUN_DIR", None)
     else:
         os.environ["COMPBENCH_RUN_DIR"] = old
-
-
-@pytest.fixture(scope="session")
-def _private_run_dir() -> Path:
-    return Path(_SESSION["run_dir"])
 
 
 @pytest.fixture(scope="session")

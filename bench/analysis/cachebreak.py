@@ -45,7 +45,7 @@ import numpy as np
 
 from bench.analysis.runfolder import REFERENCE_ARM, RunRecords, arm_sort_key, regime_sort_key
 from loadgen.client import RequestRecord
-from loadgen.prefixhash import shared_units
+from loadgen.prefixhash import common_prefix
 
 DEFAULT_BLOCK = 16  # vLLM's default KV block size, where neither server nor profile says
 
@@ -259,7 +259,7 @@ def cache_accounting(records: RunRecords, arms: Sequence[str]) -> CacheAccountin
             if index:
                 prev = group[index - 1]
                 cap = max(p.n - 1, 0) // block * block
-                shared = shared_units(p.hashes[: p.n // p.unit], prev.hashes) * p.unit
+                shared = common_prefix(p.hashes[: p.n // p.unit], prev.hashes) * p.unit
                 reusable = min(max(prev.n + prev.m - 1, 0) // block * block, cap)
                 own = min(shared // block * block, reusable)
                 extra = {"break_token": shared, "reusable": reusable,

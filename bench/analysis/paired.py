@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import zlib
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +43,14 @@ POOLED = "pooled"
 BlockKey = tuple[str, int]
 
 HELPER_WAIT_LIMIT_S = 1.0  # a longer wait for a lazy helper start: the block is not fair
+
+
+def helper_waits(records: Iterable[ArmRecord]) -> list[str]:
+    """Why a block is not a fair comparison: each arm that waited longer than the limit for its
+    compressor server's lazy start (the other arms ran on, with the server to themselves)."""
+    return [f"arm {r.arm} waited {r.helper_wait_s:.0f} s for its compressor server to start: "
+            "the arms did not run side by side" for r in records
+            if (r.helper_wait_s or 0.0) > HELPER_WAIT_LIMIT_S]
 
 
 @dataclass(frozen=True)
@@ -224,10 +232,7 @@ def block_statuses(records: RunRecords, arms: Sequence[str]) -> tuple[BlockStatu
         load_invalid = tuple(f"invalid load: {r}" for r in (load.reasons if load else ()))
         # an arm that waited for its compressor server's lazy start did not run side by side
         # with the others (they ran on, with the server to themselves): not a fair block
-        load_invalid += tuple(
-            f"arm {r.arm} waited {r.helper_wait_s:.0f} s for its compressor server to start: "
-            "the arms did not run side by side" for r in lines
-            if r.attempt == "original" and (r.helper_wait_s or 0.0) > HELPER_WAIT_LIMIT_S)
+        load_invalid += tuple(helper_waits(r for r in lines if r.attempt == "original"))
         reasons.extend(load_invalid)
         complete = not reasons and len(originals) == len(arms)
         statuses.append(BlockStatus(

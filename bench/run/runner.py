@@ -25,7 +25,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from bench.analysis.load import block_load
-from bench.analysis.paired import HELPER_WAIT_LIMIT_S
+from bench.analysis.paired import helper_waits
 from bench.analysis.runfolder import (
     ArmRecord,
     BlockRecord,
@@ -248,8 +248,7 @@ def _blocks(run: _Run, arms: list[Arm], settings: BlockSettings, url: str,
                    f"{run.run_dir} (a block whose load failed is marked invalid); continue "
                    f"with RESUME={run.run_id}")
     except KeyboardInterrupt as exc:
-        stop.stop(f"interrupted ({exc or 'Ctrl-C'})", ExitCode.INTERRUPTED,
-                  interrupt_main=False)  # a KeyboardInterrupt no handler saw: still stop
+        stop.interrupted(exc)
     finally:
         progress.stop()
         writer.close()
@@ -287,12 +286,8 @@ def _one_block(arms: list[Arm], settings: BlockSettings, block: int, writer: Run
     load = block_load(config.regime, users, started, ended,
                       [r for r in folder.requests if r.regime == config.regime],
                       list(folder.metrics), list(folder.load))
-    # an arm that waited for its compressor server to start did not run side by side with
-    # the others (they ran on, with the server to themselves): not a fair block
-    waits = [f"arm {r.arm} waited {r.helper_wait_s:.0f} s for its compressor server to start"
-             for r in outcome.records if (r.helper_wait_s or 0.0) > HELPER_WAIT_LIMIT_S]
-    reasons = (*load.reasons, *(f"{w}: the arms did not run side by side (the block runs "
-                                "again as its next pass)" for w in waits))
+    waits = helper_waits(outcome.records)  # not a fair block: it runs again as its next pass
+    reasons = (*load.reasons, *waits)
     writer.block(BlockRecord(
         regime=config.regime, block=block, order=outcome.order, started_s=started,
         ended_s=ended, seed=outcome.seed,

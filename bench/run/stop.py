@@ -60,6 +60,11 @@ class RunStop:
             _thread.interrupt_main()
         return True
 
+    def interrupted(self, exc: KeyboardInterrupt) -> None:
+        """A KeyboardInterrupt reached the run's code: stop as a signal does (a no-op when a
+        handler already stopped it, which is how most of them arrive)."""
+        self.stop(f"interrupted ({exc or 'Ctrl-C'})", ExitCode.INTERRUPTED, interrupt_main=False)
+
     @contextmanager
     def signals(self, stream: TextIO | None = None) -> Iterator[None]:
         """SIGINT, SIGTERM and SIGHUP stop the run (main thread only; elsewhere a no-op)."""

@@ -202,8 +202,7 @@ def run_sweep(config: BenchConfig, *, stream: TextIO = sys.stderr) -> RunOutcome
                 records, aborted = _cells(levels, config, arms, done, passes, settings,
                                           writer, cells_out, stop, url, hint, stream)
         except KeyboardInterrupt as exc:
-            stop.stop(f"interrupted ({exc or 'Ctrl-C'})", ExitCode.INTERRUPTED,
-                      interrupt_main=False)  # a KeyboardInterrupt no handler saw: still stop
+            stop.interrupted(exc)
         finally:
             cells_out.close()
             writer.close()

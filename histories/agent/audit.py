@@ -23,20 +23,11 @@ from histories.agent.chat import ChatModel, ChatModelConfig
 from histories.agent.continuation import pending_observation
 from histories.agent.tokenizer import Tokenizer
 from histories.format.history import History
+from loadgen.prefixhash import common_prefix
 
 
 class AuditError(SuiteError):
     """A history that cannot be audited (it has no fork)."""
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    """How many leading tokens two prompts share."""
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 @dataclass(frozen=True)

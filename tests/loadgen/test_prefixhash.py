@@ -6,17 +6,17 @@ from __future__ import annotations
 import json
 
 from loadgen.client import StreamClient, prepare
-from loadgen.prefixhash import UNIT, prefix_label, shared_units, unit_hashes
+from loadgen.prefixhash import UNIT, common_prefix, prefix_label, unit_hashes
 
 
 def test_unit_hashes_are_chained_and_say_how_much_two_sequences_share() -> None:
     a = list(range(100))
     assert len(unit_hashes(a)) == 100 // UNIT  # a trailing partial unit gets no hash
     b = [*a[:37], -1, *a[38:]]  # first difference at token 37: units 0 and 1 shared
-    assert shared_units(unit_hashes(a), unit_hashes(b)) == 2
+    assert common_prefix(unit_hashes(a), unit_hashes(b)) == 2
     c = [-1, *a[1:]]  # a difference in the first unit changes every later (chained) hash
     assert all(x != y for x, y in zip(unit_hashes(a), unit_hashes(c), strict=True))
-    assert shared_units(unit_hashes(a), unit_hashes(a[:64])) == 4
+    assert common_prefix(unit_hashes(a), unit_hashes(a[:64])) == 4
     assert all(len(h) == 8 for h in unit_hashes(a))
 
 

@@ -46,7 +46,7 @@ help:
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml setup.py Makefile
 	@case "$(ENGINE)" in cpu|cuda) ;; *) echo "ENGINE must be cpu or cuda, got '$(ENGINE)'"; exit 2;; esac
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
 	  echo "Python >= 3.11 is needed; '$(PYTHON)' is $$($(PYTHON) --version 2>&1). Try PYTHON=python3.11"; exit 2; }
@@ -66,16 +66,16 @@ SERVE_RUN_FLAGS = $(if $(filter 1,$(FAST_START)),--fast-start)
 
 serve: install
 ifdef DRY_RUN
-	$(PY) -m serve.cli show $(PROFILE) --port $(PORT) --host $(HOST) $(if $(MODEL),--model $(MODEL)) $(SERVE_FEATURES)
+	$(PY) -m compaction_bench.serve.cli show $(PROFILE) --port $(PORT) --host $(HOST) $(if $(MODEL),--model $(MODEL)) $(SERVE_FEATURES)
 else
-	$(PY) -m serve.cli run --profile $(PROFILE) --port $(PORT) --host $(HOST) $(if $(MODEL),--model $(MODEL)) $(SERVE_FEATURES) $(SERVE_RUN_FLAGS)
+	$(PY) -m compaction_bench.serve.cli run --profile $(PROFILE) --port $(PORT) --host $(HOST) $(if $(MODEL),--model $(MODEL)) $(SERVE_FEATURES) $(SERVE_RUN_FLAGS)
 endif
 
 stop: install
-	$(PY) -m serve.cli stop $(if $(filter command line,$(origin PORT)),--port $(PORT))
+	$(PY) -m compaction_bench.serve.cli stop $(if $(filter command line,$(origin PORT)),--port $(PORT))
 
 profiles: install
-	$(PY) -m serve.cli profiles
+	$(PY) -m compaction_bench.serve.cli profiles
 
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -85,14 +85,16 @@ test-unit: install
 
 lint: install
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy
+	@# mypy cannot follow the editable install's import hook: it checks a symlink view of it
+	.ci/package-view .cache/typecheck
+	cd .cache/typecheck && $(CURDIR)/$(VENV)/bin/mypy --config-file $(CURDIR)/pyproject.toml -p compaction_bench
 
 histories: install
-	$(PY) -m histories.cli acquire --profile $(PROFILE) --port $(PORT) $(if $(TASK),--task $(TASK)) $(if $(BASE_URL),--base-url $(BASE_URL))
-	$(PY) -m histories.cli arms --profile $(PROFILE) --port $(PORT) $(if $(TASK),--task $(TASK)) $(if $(BASE_URL),--base-url $(BASE_URL)) $(if $(EXTERNAL_URL),--external-url $(EXTERNAL_URL)) $(if $(ARMS),--arms $(ARMS)) $(if $(SCORER),--scorer $(SCORER))
+	$(PY) -m compaction_bench.histories.cli acquire --profile $(PROFILE) --port $(PORT) $(if $(TASK),--task $(TASK)) $(if $(BASE_URL),--base-url $(BASE_URL))
+	$(PY) -m compaction_bench.histories.cli arms --profile $(PROFILE) --port $(PORT) $(if $(TASK),--task $(TASK)) $(if $(BASE_URL),--base-url $(BASE_URL)) $(if $(EXTERNAL_URL),--external-url $(EXTERNAL_URL)) $(if $(ARMS),--arms $(ARMS)) $(if $(SCORER),--scorer $(SCORER))
 
 bench: install
-	$(PY) -m bench.cli run $(if $(REGIME),--regime $(REGIME)) --profile $(PROFILE) --port $(PORT) \
+	$(PY) -m compaction_bench.bench.cli run $(if $(REGIME),--regime $(REGIME)) --profile $(PROFILE) --port $(PORT) \
 	  $(if $(BLOCKS),--blocks $(BLOCKS)) $(if $(TASK),--task $(TASK)) $(if $(ARMS),--arms $(ARMS)) \
 	  $(if $(BASE_URL),--base-url $(BASE_URL)) $(if $(RESUME),--resume $(RESUME)) \
 	  $(if $(RECOVER),--recover) $(if $(LOCUST_WORKERS),--locust-workers $(LOCUST_WORKERS)) \
@@ -112,37 +114,37 @@ bench: install
 	  $(if $(filter 0,$(TOKEN_IDS)),--no-token-ids)
 
 bench-client: install
-	$(PY) -m loadgen.client_bench
+	$(PY) -m compaction_bench.loadgen.client_bench
 
 kernels: install
-	$(PY) -m kernels.cli run --profile $(PROFILE) --port $(PORT) $(if $(BASE_URL),--base-url $(BASE_URL))
+	$(PY) -m compaction_bench.kernels.cli run --profile $(PROFILE) --port $(PORT) $(if $(BASE_URL),--base-url $(BASE_URL))
 
 kernels-gpu: install
 	PY=$(PY) kernels/device_check.sh
 bench-redaction: install
-	$(PY) -m histories.compaction.redaction_bench
+	$(PY) -m compaction_bench.histories.compaction.redaction_bench
 
 report: install
 	@test -n "$(RUN)" || { echo "usage: make report RUN=<run-id> (a folder under results/)"; exit 2; }
-	$(PY) -m bench.cli report $(if $(wildcard $(RUN)),$(RUN),results/$(RUN))
+	$(PY) -m compaction_bench.bench.cli report $(if $(wildcard $(RUN)),$(RUN),results/$(RUN))
 
 compare: install
 	@test -n "$(RUNS)" || { echo 'usage: make compare RUNS="<run-id> <run-id> ..."'; exit 2; }
-	$(PY) -m bench.cli compare $(foreach r,$(RUNS),$(if $(wildcard $(r)),$(r),results/$(r)))
+	$(PY) -m compaction_bench.bench.cli compare $(foreach r,$(RUNS),$(if $(wildcard $(r)),$(r),results/$(r)))
 
 plan: install
 	@test -n "$(RUN)" || { echo "usage: make plan RUN=<run-id> [SLO=p90:2x|p90:120s] [AGENTS=100] [GPU_HOUR_USD=x] [COMPRESSOR_USD_PER_MTOK=x] [COSTMODEL=kernels/results/<file>.json] [PREDICT_DEVICE=...]"; exit 2; }
-	$(PY) -m plan.cli $(if $(wildcard $(RUN)),$(RUN),results/$(RUN)) $(if $(SLO),--slo $(SLO)) \
+	$(PY) -m compaction_bench.plan.cli $(if $(wildcard $(RUN)),$(RUN),results/$(RUN)) $(if $(SLO),--slo $(SLO)) \
 	  $(if $(AGENTS),--agents $(AGENTS)) $(if $(GPU_HOUR_USD),--gpu-hour-usd $(GPU_HOUR_USD)) \
 	  $(if $(COMPRESSOR_USD_PER_MTOK),--compressor-usd-per-mtok $(COMPRESSOR_USD_PER_MTOK)) \
 	  $(if $(COSTMODEL),--costmodel $(COSTMODEL)) $(if $(PREDICT_DEVICE),--predict-device "$(PREDICT_DEVICE)") \
 	  $(if $(SEED),--seed $(SEED))
 
 report-study: install
-	$(PY) -m bench.cli report-study
+	$(PY) -m compaction_bench.bench.cli report-study
 
 clean:
 	rm -rf $(VENV) .cache .run .mypy_cache .ruff_cache .pytest_cache
 
 faults: install
-	$(PY) -m bench.faults.cli $(if $(ONLY),--only "$(ONLY)") $(if $(JOBS),--jobs $(JOBS))
+	$(PY) -m compaction_bench.bench.faults.cli $(if $(ONLY),--only "$(ONLY)") $(if $(JOBS),--jobs $(JOBS))

@@ -1,4 +1,5 @@
-"""`python -m bench.cli`: run blocks (`run`), report on a run folder (`report`), put runs side
+"""`python -m compaction_bench.bench.cli`: run blocks (`run`), report on a run folder (`report`),
+put runs side
 by side (`compare`) and report the study's own B300 records (`report-study`). Each command
 parses, builds the config, calls one library function and prints where the files went; known
 failures end with one line naming the cause (`common.errors.run_cli`)."""
@@ -10,8 +11,8 @@ from typing import Annotated
 
 import typer
 
-from bench.run.config import REGIMES, SWEEP, BenchConfig
-from common.errors import ExitCode, SuiteError, run_cli
+from compaction_bench.bench.run.config import REGIMES, SWEEP, BenchConfig
+from compaction_bench.common.errors import ExitCode, SuiteError, run_cli
 
 app = typer.Typer(
     add_completion=False,
@@ -25,7 +26,7 @@ Seed = Annotated[int, typer.Option(help="Seed of the bootstrap resampling.")]
 
 
 def _print_files(files: object) -> None:
-    from bench.report.run_report import ReportFiles
+    from compaction_bench.bench.report.run_report import ReportFiles
 
     assert isinstance(files, ReportFiles)
     typer.echo(f"report:  {files.markdown}")
@@ -107,7 +108,7 @@ def run(
         "first look, marked in the report; steps are slower")] = None,
 ) -> None:
     """Run blocks of arms under a regime; write results/<run-id>/ and its report."""
-    from bench.run.runner import run_bench  # heavy imports only for this command
+    from compaction_bench.bench.run.runner import run_bench  # heavy imports only for this command
 
     if regime is not None and regime not in (*REGIMES, SWEEP):
         raise SuiteError(f"unknown regime '{regime}'; use one of {', '.join(REGIMES)} or "
@@ -152,7 +153,7 @@ def report(
     seed: Seed = 0,
 ) -> None:
     """Write report.md, report.html, plots/, requests.parquet and summary.json into RUN_DIR."""
-    from bench.report.run_report import write_report
+    from compaction_bench.bench.report.run_report import write_report
 
     _print_files(write_report(run_dir, seed=seed))
 
@@ -166,7 +167,7 @@ def compare(
     seed: Seed = 0,
 ) -> None:
     """Put runs of the same task and arms side by side in one table."""
-    from bench.report.compare import compare_runs
+    from compaction_bench.bench.report.compare import compare_runs
 
     text = compare_runs(run_dirs, out, seed=seed)
     typer.echo(f"comparison: {out}" if out is not None else text)
@@ -181,7 +182,7 @@ def report_study_command(
     seed: Seed = 0,
 ) -> None:
     """Import the source study's B300 blocks as a run folder and report on it."""
-    from bench.report.run_report import report_study
+    from compaction_bench.bench.report.run_report import report_study
 
     _print_files(report_study(source, out, seed=seed))
 

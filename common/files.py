@@ -25,7 +25,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from common.errors import SuiteError
+from compaction_bench.common.errors import SuiteError
 
 SCHEMA = 2  # every run record line carries "schema": SCHEMA (bench/analysis/summary_schema.md)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import socket
 
-from common.errors import SuiteError
+from compaction_bench.common.errors import SuiteError
 
 API_SUFFIX = "/v1"
 

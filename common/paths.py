@@ -1,27 +1,32 @@
 """Where things live: the checkout, its shipped data, caches, run state and results.
 
 Shipped data (task workspaces, history files, the study's records) is found through one root,
-`data_root()`: `COMPBENCH_DATA`, else the `data/` folder of the checkout. Nothing reads outside
-the checkout unless a variable points there.
+`data_root()`: `COMPBENCH_DATA`, else the package data `compaction_bench.data` (the checkout's
+`data/` folder in an editable install, the wheel's copy otherwise), so the suite finds it from
+any working directory. What the suite writes (results, caches, pid files) goes under the
+checkout in an editable install, else under the working directory.
 """
 
 from __future__ import annotations
 
 import os
+from importlib.resources import files
 from pathlib import Path
 
-_PACKAGE = Path(__file__).resolve().parent
+import compaction_bench
 
 
 def repo_root() -> Path:
     """The checkout this package runs from (an editable install), else the working directory."""
-    here = _PACKAGE.parent
+    here = Path(compaction_bench.__file__).resolve().parent.parent
     return here if (here / "pyproject.toml").is_file() else Path.cwd()
 
 
 def data_root() -> Path:
     """Shipped data; `COMPBENCH_DATA` overrides it."""
-    return Path(os.environ.get("COMPBENCH_DATA") or repo_root() / "data")
+    if os.environ.get("COMPBENCH_DATA"):
+        return Path(os.environ["COMPBENCH_DATA"])
+    return Path(str(files("compaction_bench.data")))
 
 
 def histories_root() -> Path:

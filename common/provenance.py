@@ -16,7 +16,7 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
-from common.paths import repo_root
+from compaction_bench.common.paths import repo_root
 
 
 def git_commit() -> dict[str, Any]:

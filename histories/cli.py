@@ -1,4 +1,5 @@
-"""`python -m histories.cli`: acquire, write compaction arms, audit, import, export and continue
+"""`python -m compaction_bench.histories.cli`: acquire, write compaction arms, audit, import,
+export and continue
 agent histories. Each command parses, calls one library function and prints what it wrote."""
 
 from __future__ import annotations
@@ -12,33 +13,37 @@ from typing import Annotated, Any
 
 import typer
 
-from common.errors import ExitCode, SuiteError, run_cli
-from common.paths import histories_root, study_root
-from histories.agent.acquisition import acquire
-from histories.agent.audit import audit as render_audit
-from histories.agent.chat import config_for_profile
-from histories.agent.continuation import continue_history
-from histories.compaction.arms import SEED_ARMS, write_arms
-from histories.compaction.compactor import (
+from compaction_bench.common.errors import ExitCode, SuiteError, run_cli
+from compaction_bench.common.paths import histories_root, study_root
+from compaction_bench.histories.agent.acquisition import acquire
+from compaction_bench.histories.agent.audit import audit as render_audit
+from compaction_bench.histories.agent.chat import config_for_profile
+from compaction_bench.histories.agent.continuation import continue_history
+from compaction_bench.histories.compaction.arms import SEED_ARMS, write_arms
+from compaction_bench.histories.compaction.compactor import (
     IDENTITY_MAX_WORDS,
     CompressorConfig,
     external_compressor,
     self_compressor,
 )
-from histories.compaction.endpoint import EndpointConfig
-from histories.compaction.judge import GATES, JudgeConfig, check_gate
-from histories.compaction.lexical import count_words
-from histories.compaction.prompts import REWRITE_PROMPTS
-from histories.format.export import export_minisweagent
-from histories.format.history import load_history, save_history, write_json
-from histories.format.importers import import_history, write_study_histories
-from histories.format.reasoning import thought_label
-from histories.policies.armfile import write_policy_arms
-from histories.policies.registry import POLICY_ARMS, compressors_needed, parse_arm
-from histories.policies.scorer import scorer_for_profile
-from histories.tasks.task import load_task, runnable_tasks
-from serve.launcher import ServerConfig, server_for
-from serve.profile import EXTERNAL_COMPRESSOR_PROFILE, load_profile, resolve_profile
+from compaction_bench.histories.compaction.endpoint import EndpointConfig
+from compaction_bench.histories.compaction.judge import GATES, JudgeConfig, check_gate
+from compaction_bench.histories.compaction.lexical import count_words
+from compaction_bench.histories.compaction.prompts import REWRITE_PROMPTS
+from compaction_bench.histories.format.export import export_minisweagent
+from compaction_bench.histories.format.history import load_history, save_history, write_json
+from compaction_bench.histories.format.importers import import_history, write_study_histories
+from compaction_bench.histories.format.reasoning import thought_label
+from compaction_bench.histories.policies.armfile import write_policy_arms
+from compaction_bench.histories.policies.registry import POLICY_ARMS, compressors_needed, parse_arm
+from compaction_bench.histories.policies.scorer import scorer_for_profile
+from compaction_bench.histories.tasks.task import load_task, runnable_tasks
+from compaction_bench.serve.launcher import ServerConfig, server_for
+from compaction_bench.serve.profile import (
+    EXTERNAL_COMPRESSOR_PROFILE,
+    load_profile,
+    resolve_profile,
+)
 
 app = typer.Typer(help="Agent histories: acquire to a fork, write arms, audit, import, export, "
                   "continue.", no_args_is_help=True, add_completion=False,
@@ -146,7 +151,7 @@ def arms_cmd(
     paths = [base / t / "clean.json" for t in ids]
     if missing := [str(p) for p in paths if not p.is_file()]:
         raise SuiteError(f"no clean history at {', '.join(missing)}; acquire first "
-                         "(`make histories` or `python -m histories.cli acquire`)")
+                         "(`make histories` or `python -m compaction_bench.histories.cli acquire`)")
     target = ServerConfig(profile=resolve_profile(profile), port=port)
     proxy = (scorer_for_profile(target.profile, scorer, device=scorer_device)
              if stepwise else None)

@@ -24,9 +24,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
-from kernels.measurement import Measurement
-from kernels.shapes import ModelShape
-from kernels.stopwatch import Stopwatch
+from compaction_bench.kernels.measurement import Measurement
+from compaction_bench.kernels.shapes import ModelShape
+from compaction_bench.kernels.stopwatch import Stopwatch
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 

@@ -18,13 +18,13 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from common.provenance import cpu_model, host_facts
-from kernels.costmodel import fit_phases
-from kernels.fitreport import fit_lines
-from kernels.limits import DeviceLimits
-from kernels.measurement import HEADER, row
-from kernels.resultfile import file_name, new_document, results_dir, write_results
-from kernels.shapes import shape_for_profile
+from compaction_bench.common.provenance import cpu_model, host_facts
+from compaction_bench.kernels.costmodel import fit_phases
+from compaction_bench.kernels.fitreport import fit_lines
+from compaction_bench.kernels.limits import DeviceLimits
+from compaction_bench.kernels.measurement import HEADER, row
+from compaction_bench.kernels.resultfile import file_name, new_document, results_dir, write_results
+from compaction_bench.kernels.shapes import shape_for_profile
 
 Say = Callable[[str], None]
 
@@ -64,7 +64,7 @@ def _server(config: CalibrationConfig, profile: Any) -> Iterator[str | None]:
     if not config.probe:
         yield None
         return
-    from serve.launcher import ServerConfig, require_server, server_for
+    from compaction_bench.serve.launcher import ServerConfig, require_server, server_for
 
     if config.base_url:
         require_server(config.base_url)
@@ -76,8 +76,8 @@ def calibrate(config: CalibrationConfig, *, argv: list[str], say: Say = print) -
     """Run the calibration (module docstring); returns the results file written."""
     import torch
 
-    from kernels.micro import MicroConfig, run_micro
-    from serve.profile import resolve_profile
+    from compaction_bench.kernels.micro import MicroConfig, run_micro
+    from compaction_bench.serve.profile import resolve_profile
 
     profile = resolve_profile(config.profile)
     shape = shape_for_profile(profile.name)
@@ -120,14 +120,14 @@ def calibrate(config: CalibrationConfig, *, argv: list[str], say: Say = print) -
 
 def _probe(config: CalibrationConfig, profile: Any, api: str, seed: int,
            say: Say) -> tuple[dict[str, Any], dict[str, Any]]:
-    from kernels.probe import (
+    from compaction_bench.kernels.probe import (
         ProbeConfig,
         decode_levels,
         default_sweep,
         prefill_levels,
         server_facts,
     )
-    from serve.launcher import server_version
+    from compaction_bench.serve.launcher import server_version
 
     sweep = default_sweep(profile.engine, profile.engine_args.max_num_seqs, quick=config.quick)
     probe = ProbeConfig(api_url=api, model=profile.model.target_name, seed=seed, **sweep)

@@ -1,4 +1,5 @@
-"""`python -m kernels.cli`: measure the device and fit the cost model (`run`, what `make
+"""`python -m compaction_bench.kernels.cli`: measure the device and fit the cost model (`run`, what
+`make
 kernels` calls), read a results file back as the plan does (`check`), list the physical limits
 table (`limits`), and the GPU device check (`device-check`, what `make kernels-gpu` runs)."""
 
@@ -10,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from common.errors import run_cli
+from compaction_bench.common.errors import run_cli
 
 app = typer.Typer(help="Measured device costs: micro-benchmarks, server probes, cost-model fits.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
@@ -33,12 +34,12 @@ def run(
         help="CPU threads for the micro-benchmarks (default 1; see kernels/micro.py)")] = None,
 ) -> None:
     """Micro-benchmarks, server probes and fits; writes kernels/results/<...>.json."""
-    from kernels.calibration import CalibrationConfig, calibrate
+    from compaction_bench.kernels.calibration import CalibrationConfig, calibrate
 
     config = CalibrationConfig(profile=profile, port=port, base_url=base_url, out_dir=out_dir,
                                micro=micro, probe=probe, quick=quick, seed=seed,
                                threads=threads)
-    calibrate(config, argv=["kernels.cli", *sys.argv[1:]], say=typer.echo)
+    calibrate(config, argv=["compaction_bench.kernels.cli", *sys.argv[1:]], say=typer.echo)
 
 
 @app.command()
@@ -49,9 +50,9 @@ def check(
              "through the roofline fit")] = None,
 ) -> None:
     """Load a results file as the capacity plan does; print prediction error per level."""
-    from kernels.costmodel import load
-    from kernels.fitreport import check_lines
-    from kernels.limits import LimitsError, limits_for
+    from compaction_bench.kernels.costmodel import load
+    from compaction_bench.kernels.fitreport import check_lines
+    from compaction_bench.kernels.limits import LimitsError, limits_for
 
     model = load(results)
     transfer = None
@@ -68,7 +69,7 @@ def check(
 @app.command()
 def limits() -> None:
     """The physical limits table (kernels/limits.toml) with its sources."""
-    from kernels.limits import load_limits
+    from compaction_bench.kernels.limits import load_limits
 
     for row in load_limits():
         flops = ", ".join(f"{k} {v / 1e12:.0f} TF" for k, v in row.dense_flops.items())
@@ -81,7 +82,7 @@ def limits() -> None:
                                                "ignore_unknown_options": True})
 def device_check(ctx: typer.Context) -> None:
     """The GPU device check (see `kernels/device_check.sh --help`)."""
-    from kernels.devicecheck import main
+    from compaction_bench.kernels.devicecheck import main
 
     raise typer.Exit(main(list(ctx.args)))
 

@@ -1,6 +1,6 @@
 """The fitted cost model, as the capacity plan uses it.
 
-    from kernels.costmodel import load
+    from compaction_bench.kernels.costmodel import load
     model = load("kernels/results/<device>__<model>__<engine>.json")
     model.predict_prefill_s(uncached_tokens=2048, cached_tokens=8192)   # seconds
     model.predict_decode_step_s(batch=16, mean_context=12000)            # seconds per step
@@ -25,10 +25,19 @@ from typing import Any
 
 import numpy as np
 
-from kernels.fitting import PHASES, X_NAMES, Family, Linear, Point, Roofline, choose, evaluate
-from kernels.limits import DeviceLimits
-from kernels.resultfile import ResultsError, read_results
-from kernels.shapes import ModelShape
+from compaction_bench.kernels.fitting import (
+    PHASES,
+    X_NAMES,
+    Family,
+    Linear,
+    Point,
+    Roofline,
+    choose,
+    evaluate,
+)
+from compaction_bench.kernels.limits import DeviceLimits
+from compaction_bench.kernels.resultfile import ResultsError, read_results
+from compaction_bench.kernels.shapes import ModelShape
 
 SELECTION = ("the family with the lowest median absolute percentage error on k-fold held-out "
              "sweep levels (ties: linear)")

@@ -14,10 +14,14 @@ cd "$(dirname "$0")/.." || exit 2
 if [ -z "${PY:-}" ]; then
   if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=$(command -v python3); fi
 fi
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# the package from this checkout without installing it (the device machine has no package index)
+view=$(mktemp -d)
+trap 'rm -rf "$view"' EXIT
+.ci/package-view "$view"
+export PYTHONPATH="$view${PYTHONPATH:+:$PYTHONPATH}"
 
 limit="${DEVICE_CHECK_TIMEOUT:-300}"
-timeout --signal=INT --kill-after=30 "$limit" "$PY" -m kernels.devicecheck "$@"
+timeout --signal=INT --kill-after=30 "$limit" "$PY" -m compaction_bench.kernels.devicecheck "$@"
 code=$?
 if [ "$code" -eq 124 ]; then
   echo "error: the device check ran past ${limit} s and was stopped; rerun with --quick" >&2

@@ -1,4 +1,5 @@
-"""The GPU device check: `kernels/device_check.sh` or `python -m kernels.devicecheck`.
+"""The GPU device check: `kernels/device_check.sh` or `python -m
+compaction_bench.kernels.devicecheck`.
 
 Runs on one CUDA GPU with nothing but PyTorch, Triton and nvidia-ml-py (no vLLM, no model
 weights, no network), in a few minutes on an H200:
@@ -22,9 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common.errors import ExitCode, SuiteError, UnavailableError, fail
-from common.files import read_jsonl
-from kernels.resultfile import file_name, new_document, results_dir, write_results
+from compaction_bench.common.errors import ExitCode, SuiteError, UnavailableError, fail
+from compaction_bench.common.files import read_jsonl
+from compaction_bench.kernels.resultfile import file_name, new_document, results_dir, write_results
 
 NO_GPU = "needs a CUDA GPU; on this machine run `make kernels`"
 ENTROPY_SHAPES = [(4096, 49152), (4096, 151936), (2048, 262144)]
@@ -66,7 +67,7 @@ def telemetry_around_matmul(seconds: float, say: Any) -> dict[str, Any]:
     """The NVML sampler for `seconds`: idle 1 s, a bf16 8192^3 matmul loop, idle 1 s."""
     import torch
 
-    from loadgen.gpu import GpuSampler
+    from compaction_bench.loadgen.gpu import GpuSampler
 
     device = torch.device("cuda")
     a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
@@ -97,7 +98,8 @@ def telemetry_around_matmul(seconds: float, say: Any) -> dict[str, Any]:
     flops = 2.0 * 8192**3 * count / elapsed
     say(f"[telemetry] {len(rows)} NVML rows over {seconds:.0f} s around {count} bf16 8192^3 "
         f"matmuls ({flops / 1e12:.0f} TFLOP/s); sampler enabled={enabled}")
-    return {"sampler": "loadgen.gpu.GpuSampler", "interval_s": 0.5, "seconds": seconds,
+    return {"sampler": "compaction_bench.loadgen.gpu.GpuSampler", "interval_s": 0.5,
+            "seconds": seconds,
             "enabled": enabled, "reason": reason, "samples": rows,
             "matmul_loop": {"n": 8192, "dtype": "bf16", "count": count, "began_s": loop_began,
                             "ended_s": loop_ended, "device_seconds": elapsed,
@@ -110,12 +112,12 @@ def run_device_check(out_dir: Path, *, quick: bool, sampler_seconds: float,
     require_cuda()
     import torch
 
-    from kernels.entropy import benchmark_entropy
-    from kernels.limits import limits_for
-    from kernels.measurement import HEADER, row
-    from kernels.micro import MicroConfig, run_micro
-    from kernels.shapes import distinct_shapes
-    from kernels.stopwatch import Stopwatch
+    from compaction_bench.kernels.entropy import benchmark_entropy
+    from compaction_bench.kernels.limits import limits_for
+    from compaction_bench.kernels.measurement import HEADER, row
+    from compaction_bench.kernels.micro import MicroConfig, run_micro
+    from compaction_bench.kernels.shapes import distinct_shapes
+    from compaction_bench.kernels.stopwatch import Stopwatch
 
     device = gpu_facts()
     device["slug"] = device["name"]

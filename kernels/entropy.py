@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from kernels.measurement import Measurement
-from kernels.stopwatch import Stopwatch
+from compaction_bench.kernels.measurement import Measurement
+from compaction_bench.kernels.stopwatch import Stopwatch
 
 # Any of the float32 versions vs the float64 computation: |difference| <= ATOL + RTOL * |H| per
 # position (torch.allclose). float32 rounding of sums over up to 262,144 terms stays well
@@ -69,7 +69,7 @@ def token_entropy(logits: torch.Tensor) -> torch.Tensor:
     """Entropy (nats, float32) of each position of [..., vocab] logits; fused on CUDA."""
     if triton_ready(logits.device) and logits.dtype in (torch.float16, torch.bfloat16,
                                                          torch.float32):
-        from kernels.fused_entropy import fused_entropy
+        from compaction_bench.kernels.fused_entropy import fused_entropy
 
         vocab = logits.shape[-1]
         return fused_entropy(logits.reshape(-1, vocab)).reshape(logits.shape[:-1])
@@ -90,7 +90,7 @@ def _entropy_row(watch: Stopwatch, rows: int, vocab: int, dtype: torch.dtype,
     moved = float(logits.numel() * logits.element_size())
     runs: dict[str, Callable[[], torch.Tensor]] = {}
     if triton_ready(watch.device):
-        from kernels.fused_entropy import fused_entropy
+        from compaction_bench.kernels.fused_entropy import fused_entropy
 
         runs["fused-triton"] = lambda: fused_entropy(logits)
     runs["unfused"] = lambda: entropy_unfused(logits)

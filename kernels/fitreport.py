@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kernels.costmodel import CostModel
+from compaction_bench.kernels.costmodel import CostModel
 
 
 def _pct(value: float | None) -> str:

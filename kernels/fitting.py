@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 from scipy.optimize import least_squares, nnls
 
-from kernels.limits import DeviceLimits
-from kernels.shapes import ModelShape, Work, decode_work, prefill_work
+from compaction_bench.kernels.limits import DeviceLimits
+from compaction_bench.kernels.shapes import ModelShape, Work, decode_work, prefill_work
 
 PHASES = ("prefill", "decode")
 X_NAMES = {"prefill": ("uncached", "cached"), "decode": ("batch", "mean_context")}

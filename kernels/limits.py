@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common.errors import SuiteError
+from compaction_bench.common.errors import SuiteError
 
 LIMITS_FILE = Path(__file__).with_name("limits.toml")
 _FIELDS = {"match", "description", "memory_bytes", "hbm_bytes_per_s", "dense_flops", "sources",

@@ -14,8 +14,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernels.limits import DeviceLimits
-from kernels.stopwatch import Timing
+from compaction_bench.kernels.limits import DeviceLimits
+from compaction_bench.kernels.stopwatch import Timing
 
 
 @dataclass(frozen=True)

@@ -28,11 +28,11 @@ from typing import Any
 
 import torch
 
-from kernels import attention
-from kernels.limits import DeviceLimits, limits_for, measured_limits
-from kernels.measurement import Measurement
-from kernels.shapes import ModelShape, gemms
-from kernels.stopwatch import Stopwatch
+from compaction_bench.kernels import attention
+from compaction_bench.kernels.limits import DeviceLimits, limits_for, measured_limits
+from compaction_bench.kernels.measurement import Measurement
+from compaction_bench.kernels.shapes import ModelShape, gemms
+from compaction_bench.kernels.stopwatch import Stopwatch
 
 Echo = Callable[[Measurement], None]
 
@@ -108,7 +108,7 @@ def bandwidth(config: MicroConfig, watch: Stopwatch, generator: torch.Generator,
         ("copy", "torch", lambda: dst.copy_(src), 2 * size),
         ("read", "torch", lambda: src.sum(), size)]
     if device.type == "cuda":
-        from kernels.triton_copy import read_partials, triton_copy, triton_read
+        from compaction_bench.kernels.triton_copy import read_partials, triton_copy, triton_read
 
         partials = read_partials(src)
         runs += [("copy", "triton", lambda: triton_copy(src, dst), 2 * size),

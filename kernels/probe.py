@@ -1,6 +1,6 @@
 """Server probes: what a prefill token and a decode step cost on a live OpenAI-compatible vLLM.
 
-Both probes send chat requests through the suite's one client (`loadgen.client.StreamClient`)
+Both probes send chat requests through the suite's one client (`transport.client.StreamClient`)
 and keep every request's raw record. Prompts are random lowercase letters (" q w e ..."), one
 token per letter in the BPE tokenizers of the shipped models (checked against the server's
 `/tokenize` before anything is sent), drawn from a seeded generator so a rerun neither hits the
@@ -41,10 +41,10 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, ConfigDict, Field
 
-from common.errors import SuiteError
-from common.net import server_url
-from loadgen.client import StreamClient, prepare
-from loadgen.request import RequestRecord
+from compaction_bench.common.errors import SuiteError
+from compaction_bench.common.net import server_url
+from compaction_bench.transport.client import StreamClient, prepare
+from compaction_bench.transport.request import RequestRecord
 
 LETTERS = string.ascii_lowercase
 Say = Callable[[str], None]

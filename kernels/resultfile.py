@@ -17,10 +17,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common.errors import SuiteError
-from common.files import write_json_atomic
-from common.paths import repo_root
-from common.provenance import git_commit, host_facts, load_average, package_versions
+from compaction_bench.common.errors import SuiteError
+from compaction_bench.common.files import write_json_atomic
+from compaction_bench.common.paths import repo_root
+from compaction_bench.common.provenance import (
+    git_commit,
+    host_facts,
+    load_average,
+    package_versions,
+)
 
 SCHEMA = "compbench.kernels.results"
 SCHEMA_VERSION = 1

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from common.errors import SuiteError
+from compaction_bench.common.errors import SuiteError
 
 
 class ShapeError(SuiteError):

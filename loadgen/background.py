@@ -33,11 +33,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from common.errors import UnavailableError
-from common.files import write_text_atomic
-from common.net import api_url
-from common.paths import histories_root
-from loadgen.client import send_once
+from compaction_bench.common.errors import UnavailableError
+from compaction_bench.common.files import write_text_atomic
+from compaction_bench.common.net import api_url
+from compaction_bench.common.paths import histories_root
+from compaction_bench.transport.client import send_once
 
 
 class ReplayOptions(BaseModel):
@@ -69,7 +69,7 @@ class ReplayOptions(BaseModel):
 
 
 def _default_histories() -> list[Path]:
-    from loadgen.schedule import default_history_paths
+    from compaction_bench.loadgen.schedule import default_history_paths
 
     return default_history_paths(histories_root())
 
@@ -208,7 +208,8 @@ class BackgroundLoad:
         self.set_block(None)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "loadgen.locust_main", "--config", str(config_path)],
+                [sys.executable, "-m", "compaction_bench.loadgen.locust_main", "--config",
+                 str(config_path)],
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         atexit.register(self.stop)
         return self

@@ -1,11 +1,11 @@
 """How accurate and how cheap are the suite's clients? Prints figures (a benchmark, not a test).
 
-    python -m loadgen.client_bench            # `make bench-client`
+    python -m compaction_bench.loadgen.client_bench            # `make bench-client`
 
 1. Accuracy against the fake server (`loadgen/fakeserver.py`, default 200 ms to the first
    token, 20 ms between tokens), at 1, 64 and 256 concurrent streams, side by side in one run:
    - `arm`: the arms' path, `histories.agent.chat.ChatModel.request` in plain threads (one
-     client per arm thread, as a block runs them; it is `loadgen.client.StreamClient`);
+     client per arm thread, as a block runs them; it is `transport.client.StreamClient`);
    - `background`: `StreamClient` under gevent's monkey-patching, as the locust users run it;
    - `vllm`: vLLM's own benchmark request function (asyncio + aiohttp);
    - `aiperf`: NVIDIA AIPerf's HTTP client (`aiperf.transports.AioHttpClient`, its SSE parser
@@ -39,8 +39,8 @@ import httpx
 import numpy as np
 import psutil
 
-from common.paths import cache_dir
-from loadgen.fakeprocess import FakeConfig, FakeProcess
+from compaction_bench.common.paths import cache_dir
+from compaction_bench.loadgen.fakeprocess import FakeConfig, FakeProcess
 
 CLIENTS = ("arm", "background", "vllm", "aiperf")
 MESSAGES = [{"role": "user", "content": "Say something."}]
@@ -56,8 +56,8 @@ def _cpu() -> float:
 
 
 def _ours(url: str, streams: int, rounds: int, tokens: int, mode: str) -> dict[str, Any]:
-    from histories.agent.chat import ChatModel, ChatModelConfig
-    from loadgen.client import StreamClient, prepare
+    from compaction_bench.histories.agent.chat import ChatModel, ChatModelConfig
+    from compaction_bench.transport.client import StreamClient, prepare
 
     ttft: list[float] = []
     itl: list[float] = []
@@ -315,8 +315,8 @@ def _tree_cpu(pid: int) -> float:
 
 def loadgen_cpu(url: str, users: int, arms: int, window_s: float, *, label: str,
                 pace: float | None, max_model_len: int) -> None:
-    from loadgen.background import BackgroundConfig, BackgroundLoad, ReplayOptions
-    from loadgen.client import StreamClient, prepare
+    from compaction_bench.loadgen.background import BackgroundConfig, BackgroundLoad, ReplayOptions
+    from compaction_bench.transport.client import StreamClient, prepare
 
     with tempfile.TemporaryDirectory() as tmp:
         config = BackgroundConfig(

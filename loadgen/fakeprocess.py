@@ -10,8 +10,8 @@ import sys
 import urllib.request
 from typing import Any
 
-from common.errors import UnavailableError
-from loadgen.fakeserver import FakeConfig
+from compaction_bench.common.errors import UnavailableError
+from compaction_bench.loadgen.fakeserver import FakeConfig
 
 __all__ = ["FakeConfig", "FakeProcess"]
 
@@ -39,7 +39,8 @@ class FakeProcess:
     def start(self) -> FakeProcess:
         c = self.config
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "loadgen.fakeserver", "--host", c.host, "--port", str(c.port),
+            [sys.executable, "-m", "compaction_bench.loadgen.fakeserver", "--host", c.host,
+             "--port", str(c.port),
              "--ttft-ms", str(c.ttft_ms), "--itl-ms", str(c.itl_ms), "--tokens", str(c.tokens),
              "--cached-tokens", str(c.cached_tokens),
              *(["--default-content", c.default_content] if c.default_content is not None

@@ -33,7 +33,7 @@ subprocess and drives these. Endpoints: POST /v1/chat/completions (stream and no
 `stream_options.include_usage`), GET /v1/models, /health, /version, /metrics (vllm:* gauges and
 counters).
 
-    python -m loadgen.fakeserver --port 8100 --ttft-ms 200 --itl-ms 20 --tokens 64
+    python -m compaction_bench.loadgen.fakeserver --port 8100 --ttft-ms 200 --itl-ms 20 --tokens 64
 
 With `--port 0` it prints `listening on PORT` as its first stdout line.
 """

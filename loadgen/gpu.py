@@ -17,7 +17,7 @@ from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import Any
 
-from common.files import JsonlWriter
+from compaction_bench.common.files import JsonlWriter
 
 
 def _load_nvml() -> ModuleType:

@@ -1,8 +1,10 @@
 """Entry point of the locust processes (started by `loadgen/background.py`, never imported by
 it).
 
-    python -m loadgen.locust_main --config STATE/config.json            # local, or master
-    python -m loadgen.locust_main --config STATE/config.json --worker --master-port P
+    python -m compaction_bench.loadgen.locust_main --config STATE/config.json            # local,
+    or master
+    python -m compaction_bench.loadgen.locust_main --config STATE/config.json --worker
+    --master-port P
 
 locust is imported first, so gevent's monkey-patching happens before ssl or anything else is
 loaded. The process drives locust as a library (`Environment`, local / master / worker runner):
@@ -33,13 +35,13 @@ from locust.env import Environment
 from locust.runners import Runner
 from locust.stats import print_stats
 
-from common.files import write_json_atomic
-from common.net import free_port
-from loadgen.background import BackgroundConfig
-from loadgen.locust_user import BackgroundAgent
+from compaction_bench.common.files import write_json_atomic
+from compaction_bench.common.net import free_port
+from compaction_bench.loadgen.background import BackgroundConfig
+from compaction_bench.loadgen.locust_user import BackgroundAgent
 
 WORKER_CONNECT_TIMEOUT_S = 60.0
-log = logging.getLogger("loadgen.locust_main")
+log = logging.getLogger("compaction_bench.loadgen.locust_main")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     elif config.workers:
         port = free_port()
         runner = env.create_master_runner("127.0.0.1", port)
-        workers = [subprocess.Popen([sys.executable, "-m", "loadgen.locust_main", "--config",
+        workers = [subprocess.Popen([sys.executable, "-m", "compaction_bench.loadgen.locust_main",
+                                     "--config",
                                      args.config, "--worker", "--master-port", str(port)])
                    for _ in range(config.workers)]
         _wait_workers(runner, config.workers)

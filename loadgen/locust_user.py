@@ -28,10 +28,10 @@ import numpy as np
 from locust import User, task
 from locust.env import Environment
 
-from common.files import JsonlWriter
-from loadgen.background import BackgroundConfig
-from loadgen.client import StreamClient, prepare
-from loadgen.schedule import Turn, load_schedules
+from compaction_bench.common.files import JsonlWriter
+from compaction_bench.loadgen.background import BackgroundConfig
+from compaction_bench.loadgen.schedule import Turn, load_schedules
+from compaction_bench.transport.client import StreamClient, prepare
 
 
 class Counters:

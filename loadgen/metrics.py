@@ -22,8 +22,8 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from common.files import JsonlWriter
-from common.net import server_url
+from compaction_bench.common.files import JsonlWriter
+from compaction_bench.common.net import server_url
 
 # field -> (metric family names, newest first; sample suffix)
 FIELDS: dict[str, tuple[tuple[str, ...], str]] = {

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from histories.format.history import History, HistoryError, load_history
-from loadgen.background import ReplayOptions
+from compaction_bench.histories.format.history import History, HistoryError, load_history
+from compaction_bench.loadgen.background import ReplayOptions
 
 
 @dataclass(frozen=True)

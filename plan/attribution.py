@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loadgen.request import RequestRecord
+from compaction_bench.transport.request import RequestRecord
 
 STEP_S = 0.05
 

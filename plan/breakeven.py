@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bench.analysis.stats import MIN_BLOCKS_FOR_INTERVAL
-from plan.observations import Continuation
-from plan.resampling import interval
+from compaction_bench.bench.analysis.stats import MIN_BLOCKS_FOR_INTERVAL
+from compaction_bench.plan.observations import Continuation
+from compaction_bench.plan.resampling import interval
 
 AMORTIZED_USES = (1, 2, 3, 5, 10)
 

@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from plan.curve import CurveBatch, MonotoneCurve, leave_one_level_out
-from plan.observations import SWEEP, Continuation, Engine, Observations
-from plan.resampling import interval, smoothed
-from plan.resampling import quantile as hd_quantile
-from plan.settings import PlanConfig, PlanError, Slo
+from compaction_bench.plan.curve import CurveBatch, MonotoneCurve, leave_one_level_out
+from compaction_bench.plan.observations import SWEEP, Continuation, Engine, Observations
+from compaction_bench.plan.resampling import interval, smoothed
+from compaction_bench.plan.resampling import quantile as hd_quantile
+from compaction_bench.plan.settings import PlanConfig, PlanError, Slo
 
 REFERENCE = "clean"
 

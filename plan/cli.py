@@ -1,4 +1,5 @@
-"""`python -m plan.cli RUN_DIR`: the capacity plan of a run folder (`make plan RUN=<id>`).
+"""`python -m compaction_bench.plan.cli RUN_DIR`: the capacity plan of a run folder (`make plan
+RUN=<id>`).
 
 Parses, builds the config, calls `plan.planner.write_plan` and prints where the files went;
 known failures end in one line naming the cause (`common.errors.run_cli`)."""
@@ -10,8 +11,13 @@ from typing import Annotated
 
 import typer
 
-from common.errors import run_cli
-from plan.settings import BOOTSTRAP_RESAMPLES, DEFAULT_AGENTS, DEFAULT_SLO, PlanConfig
+from compaction_bench.common.errors import run_cli
+from compaction_bench.plan.settings import (
+    BOOTSTRAP_RESAMPLES,
+    DEFAULT_AGENTS,
+    DEFAULT_SLO,
+    PlanConfig,
+)
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False,
                   help="Capacity plan of a run folder: agents per GPU, GPUs needed, per-task "
@@ -40,7 +46,7 @@ def plan(
     seed: Annotated[int, typer.Option(help="seed of the bootstrap and simulator", min=0)] = 0,
 ) -> None:
     """Write plan.md, plan.json and plots/plan_*.png into RUN_DIR."""
-    from plan.planner import write_plan
+    from compaction_bench.plan.planner import write_plan
 
     config = PlanConfig(run_dir=run_dir, slo=slo, agents=agents, gpu_hour_usd=gpu_hour_usd,
                         compressor_usd_per_mtok=compressor_usd_per_mtok, costmodel=costmodel,

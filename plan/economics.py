@@ -24,10 +24,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from plan.capacity import ArmCapacity, Level
-from plan.curve import MonotoneCurve
-from plan.observations import Continuation, Observations, Window
-from plan.resampling import interval
+from compaction_bench.plan.capacity import ArmCapacity, Level
+from compaction_bench.plan.curve import MonotoneCurve
+from compaction_bench.plan.observations import Continuation, Observations, Window
+from compaction_bench.plan.resampling import interval
 
 EXTERNAL = "external"  # the arm whose compressor is another server, charged per token
 

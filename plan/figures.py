@@ -14,9 +14,9 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from common.files import write_bytes_atomic
-from plan.curve import MonotoneCurve
-from plan.planner import Plan
+from compaction_bench.common.files import write_bytes_atomic
+from compaction_bench.plan.curve import MonotoneCurve
+from compaction_bench.plan.planner import Plan
 
 COLORS = {"clean": "#444444", "external": "#ff7f0e", "self": "#1f77b4", "placebo": "#2ca02c"}
 OTHER = ["#8c564b", "#e377c2", "#17becf", "#bcbd22", "#9467bd"]

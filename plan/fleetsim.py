@@ -35,9 +35,9 @@ from typing import Any, Protocol
 import numpy as np
 import simpy
 
-from plan.observations import Observations
-from plan.resampling import quantile as hd_quantile
-from plan.settings import PlanError
+from compaction_bench.plan.observations import Observations
+from compaction_bench.plan.resampling import quantile as hd_quantile
+from compaction_bench.plan.settings import PlanError
 
 
 class StepCosts(Protocol):

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.analysis.runfolder import ArmRecord, RunRecords, read_run
-from common.files import read_jsonl
-from loadgen.request import RequestRecord
-from plan.attribution import Attribution, RequestKey, continuation_requests
+from compaction_bench.bench.analysis.runfolder import ArmRecord, RunRecords, read_run
+from compaction_bench.common.files import read_jsonl
+from compaction_bench.plan.attribution import Attribution, RequestKey, continuation_requests
+from compaction_bench.transport.request import RequestRecord
 
 SWEEP = "sweep"
 SWEEP_FILE = "sweep.jsonl"

@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from plan.breakeven import BreakEven
-from plan.capacity import ArmCapacity, FleetNeed
-from plan.economics import TaskFigures
-from plan.planner import Plan
-from plan.settings import PlanConfig
+from compaction_bench.plan.breakeven import BreakEven
+from compaction_bench.plan.capacity import ArmCapacity, FleetNeed
+from compaction_bench.plan.economics import TaskFigures
+from compaction_bench.plan.planner import Plan
+from compaction_bench.plan.settings import PlanConfig
 
 PLAN_SCHEMA = "compbench.plan"
 PLAN_SCHEMA_VERSION = 1

@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from plan.breakeven import BreakEven, time_and_cost
-from plan.capacity import ArmCapacity, FleetNeed, gpus_needed, plan_capacity
-from plan.economics import (
+from compaction_bench.plan.breakeven import BreakEven, time_and_cost
+from compaction_bench.plan.capacity import ArmCapacity, FleetNeed, gpus_needed, plan_capacity
+from compaction_bench.plan.economics import (
     EXTERNAL,
     Prices,
     TaskFigures,
@@ -26,9 +26,9 @@ from plan.economics import (
     operating_point,
     regime_figures,
 )
-from plan.fleetsim import SimulatedLevel, predict_levels, traces
-from plan.observations import SWEEP, Observations, observe
-from plan.settings import PlanConfig, PlanError
+from compaction_bench.plan.fleetsim import SimulatedLevel, predict_levels, traces
+from compaction_bench.plan.observations import SWEEP, Observations, observe
+from compaction_bench.plan.settings import PlanConfig, PlanError
 
 REFERENCE = "clean"
 SIMULATED_SAMPLES = 200
@@ -188,8 +188,8 @@ def _reach(obs: Observations, capacity: dict[str, ArmCapacity], prices: Prices
 
 def _simulate(obs: Observations, capacity: dict[str, ArmCapacity], config: PlanConfig
               ) -> Simulation | None:
-    from kernels.costmodel import load
-    from kernels.limits import limits_for
+    from compaction_bench.kernels.costmodel import load
+    from compaction_bench.kernels.limits import limits_for
 
     assert config.costmodel is not None
     costs = load(config.costmodel)
@@ -238,10 +238,10 @@ class PlanFiles:
 
 def write_plan(config: PlanConfig) -> PlanFiles:
     """Build the plan and write plan.json, plan.md and the plots into the run folder."""
-    from common.files import write_json_atomic, write_text_atomic
-    from plan.figures import draw_plots
-    from plan.planfile import plan_json
-    from plan.writeup import plan_markdown
+    from compaction_bench.common.files import write_json_atomic, write_text_atomic
+    from compaction_bench.plan.figures import draw_plots
+    from compaction_bench.plan.planfile import plan_json
+    from compaction_bench.plan.writeup import plan_markdown
 
     plan = build_plan(config)
     out = config.run_dir

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from common.errors import SuiteError
+from compaction_bench.common.errors import SuiteError
 
 DEFAULT_SLO = "p90:2x"
 DEFAULT_AGENTS = 100

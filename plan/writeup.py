@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from plan.breakeven import BreakEven
-from plan.planner import Plan
+from compaction_bench.plan.breakeven import BreakEven
+from compaction_bench.plan.planner import Plan
 
 
 def fmt(value: float | None, digits: int = 2) -> str:

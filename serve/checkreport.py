@@ -10,8 +10,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from common.errors import ExitCode
-from serve.errors import ServeError
+from compaction_bench.common.errors import ExitCode
+from compaction_bench.serve.errors import ServeError
 
 Status = Literal["pass", "fail", "not run"]
 SCHEMA = 1

@@ -1,4 +1,5 @@
-"""`python -m serve.cli`: start, stop and inspect vLLM servers for the suite's profiles."""
+"""`python -m compaction_bench.serve.cli`: start, stop and inspect vLLM servers for the suite's
+profiles."""
 
 from __future__ import annotations
 
@@ -8,21 +9,26 @@ from typing import Annotated
 
 import typer
 
-from common.errors import run_cli
-from common.files import write_json_atomic
-from common.paths import run_state_dir
-from serve.command import profile_env, redacted
-from serve.launcher import (
+from compaction_bench.common.errors import run_cli
+from compaction_bench.common.files import write_json_atomic
+from compaction_bench.common.paths import run_state_dir
+from compaction_bench.serve.command import profile_env, redacted
+from compaction_bench.serve.launcher import (
     Server,
     ServerConfig,
     build_command,
     require_server,
     serve_foreground,
 )
-from serve.model import resolve_model
-from serve.process import stop_background
-from serve.profile import Profile, known_profiles, load_profile, resolve_profile
-from serve.selfcheck import SelfCheckError, SelfCheckReport, run_selfcheck, selfcheck_plan
+from compaction_bench.serve.model import resolve_model
+from compaction_bench.serve.process import stop_background
+from compaction_bench.serve.profile import Profile, known_profiles, load_profile, resolve_profile
+from compaction_bench.serve.selfcheck import (
+    SelfCheckError,
+    SelfCheckReport,
+    run_selfcheck,
+    selfcheck_plan,
+)
 
 app = typer.Typer(help="Start, stop and inspect the suite's vLLM servers.", no_args_is_help=True,
                   add_completion=False, pretty_exceptions_enable=False)

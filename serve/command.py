@@ -14,8 +14,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.net import api_url
-from serve.profile import Profile
+from compaction_bench.common.net import api_url
+from compaction_bench.serve.profile import Profile
 
 ALWAYS_ON = ("--enable-prefix-caching", "--enable-prompt-tokens-details")
 OFFLINE_ENV = {
@@ -57,7 +57,7 @@ class ServerConfig:
         return api_url(self.server_url)
 
 
-FAKE_MODULE = "loadgen.fakeserver"
+FAKE_MODULE = "compaction_bench.loadgen.fakeserver"
 
 
 def build_command(config: ServerConfig, model: Path | str) -> list[str]:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from serve.checkreport import CheckResult
-from serve.profile import Profile, version_tuple
+from compaction_bench.serve.checkreport import CheckResult
+from compaction_bench.serve.profile import Profile, version_tuple
 
 
 def cache_config(metrics_text: str | None) -> dict[str, str]:

@@ -4,7 +4,7 @@ All are `common.errors.SuiteError`s: every command line prints them as one line 
 code (`common.errors.run_cli`).
 """
 
-from common.errors import ExitCode, SuiteError
+from compaction_bench.common.errors import ExitCode, SuiteError
 
 
 class ServeError(SuiteError):

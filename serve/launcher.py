@@ -24,19 +24,25 @@ from typing import IO
 import httpx
 import psutil
 
-from common.files import append_jsonl
-from common.net import api_url, server_url
-from common.paths import run_state_dir
-from serve.command import ALWAYS_ON, OFFLINE_ENV, ServerConfig, build_command, build_env
-from serve.errors import (
+from compaction_bench.common.files import append_jsonl
+from compaction_bench.common.net import api_url, server_url
+from compaction_bench.common.paths import run_state_dir
+from compaction_bench.serve.command import (
+    ALWAYS_ON,
+    OFFLINE_ENV,
+    ServerConfig,
+    build_command,
+    build_env,
+)
+from compaction_bench.serve.errors import (
     EngineUnavailableError,
     PortInUseError,
     ServerStartError,
     ServerUnreachableError,
 )
-from serve.hardware import detect_gpus
-from serve.model import resolve_model
-from serve.process import (
+from compaction_bench.serve.hardware import detect_gpus
+from compaction_bench.serve.model import resolve_model
+from compaction_bench.serve.process import (
     pid_file,
     process_tree,
     rotate_log,
@@ -44,8 +50,8 @@ from serve.process import (
     terminate_group,
     write_pid_file,
 )
-from serve.profile import Profile
-from serve.versions import check_vllm_version, installed_vllm
+from compaction_bench.serve.profile import Profile
+from compaction_bench.serve.versions import check_vllm_version, installed_vllm
 
 __all__ = ["ALWAYS_ON", "OFFLINE_ENV", "Server", "ServerConfig", "build_command", "build_env",
            "check_engine", "check_port", "serve_foreground", "server_for", "start_server"]

@@ -25,8 +25,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.paths import cache_dir
-from serve.errors import ModelNotFoundError
+from compaction_bench.common.paths import cache_dir
+from compaction_bench.serve.errors import ModelNotFoundError
 
 EMBEDDED_PREFIX = "embedded:"
 
@@ -113,7 +113,7 @@ def ensure_embedded(name: str, *, python: str = sys.executable) -> Path:
         return target
     spec = EMBEDDED_MODELS[name]
     result = subprocess.run(
-        [python, "-m", "serve.model", name, str(target)],
+        [python, "-m", "compaction_bench.serve.model", name, str(target)],
         capture_output=True,
         text=True,
         env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},

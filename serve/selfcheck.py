@@ -1,7 +1,7 @@
 """The serve-time self-check: after `/health` and before any block or sweep, on every profile.
 
 `run_selfcheck(api_url, profile)` checks, against the live server and through the suite's one
-client (`loadgen.client`), what the experiment silently depends on:
+client (`transport.client`), what the experiment silently depends on:
 
 1. served names: every name of the profile is listed by `/v1/models` and answers a request;
 2. prefix cache: a prompt of several KV blocks (at the profile's block size, else the size the
@@ -34,14 +34,14 @@ from typing import Any
 
 import httpx
 
-from common.net import api_url as to_api_url
-from common.net import server_url as to_server_url
-from common.timing import Clock, monotonic
-from loadgen.client import Response, StreamClient, prepare
-from loadgen.metrics import parse_metrics
-from serve.checkreport import CheckResult, SelfCheckError, SelfCheckReport
-from serve.engineinfo import cache_config, check_server, int_label
-from serve.profile import Profile
+from compaction_bench.common.net import api_url as to_api_url
+from compaction_bench.common.net import server_url as to_server_url
+from compaction_bench.common.timing import Clock, monotonic
+from compaction_bench.loadgen.metrics import parse_metrics
+from compaction_bench.serve.checkreport import CheckResult, SelfCheckError, SelfCheckReport
+from compaction_bench.serve.engineinfo import cache_config, check_server, int_label
+from compaction_bench.serve.profile import Profile
+from compaction_bench.transport.client import Response, StreamClient, prepare
 
 __all__ = ["CheckResult", "SelfCheckError", "SelfCheckReport", "prompt_plan", "run_selfcheck",
            "selfcheck_plan"]

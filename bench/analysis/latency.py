@@ -12,14 +12,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bench.analysis.runfolder import (
+from compaction_bench.bench.analysis.runfolder import (
     MetricSample,
     RunRecords,
     arm_sort_key,
     regime_sort_key,
 )
-from bench.analysis.stats import Distribution, counter_delta, distribution
-from loadgen.client import RequestRecord
+from compaction_bench.bench.analysis.stats import Distribution, counter_delta, distribution
+from compaction_bench.transport.client import RequestRecord
 
 BACKGROUND = "background"
 

@@ -19,8 +19,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from bench.analysis.runfolder import BlockRecord, LoadSample, MetricSample, RunRecords
-from loadgen.request import RequestRecord
+from compaction_bench.bench.analysis.runfolder import (
+    BlockRecord,
+    LoadSample,
+    MetricSample,
+    RunRecords,
+)
+from compaction_bench.transport.request import RequestRecord
 
 MAX_BACKGROUND_ERROR_SHARE = 0.10
 BACKGROUND = "background"

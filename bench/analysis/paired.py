@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.analysis.latency import (
+from compaction_bench.bench.analysis.latency import (
     CacheCheck,
     CacheRate,
     SourceLatency,
@@ -26,9 +26,9 @@ from bench.analysis.latency import (
     latencies,
     max_waiting,
 )
-from bench.analysis.load import BlockLoad, block_loads
-from bench.analysis.power import Sensitivity, noise_figures
-from bench.analysis.runfolder import (
+from compaction_bench.bench.analysis.load import BlockLoad, block_loads
+from compaction_bench.bench.analysis.power import Sensitivity, noise_figures
+from compaction_bench.bench.analysis.runfolder import (
     REFERENCE_ARM,
     ArmRecord,
     RunRecords,
@@ -36,8 +36,8 @@ from bench.analysis.runfolder import (
     regime_sort_key,
     sorted_unique,
 )
-from bench.analysis.serving import serving_figures
-from bench.analysis.stats import PairedChange, median_or_none, paired_change
+from compaction_bench.bench.analysis.serving import serving_figures
+from compaction_bench.bench.analysis.stats import PairedChange, median_or_none, paired_change
 
 POOLED = "pooled"
 BlockKey = tuple[str, int]

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bench.analysis.stats import MIN_BLOCKS_FOR_INTERVAL, bootstrap_median_interval
+from compaction_bench.bench.analysis.stats import MIN_BLOCKS_FOR_INTERVAL, bootstrap_median_interval
 
 Z_95 = 1.959964
 Z_80 = 0.841621

@@ -22,10 +22,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
 
-from common.errors import SuiteError
-from common.files import SCHEMA, write_json_atomic, write_text_atomic
-from common.files import read_jsonl as read_lines
-from loadgen.client import RequestRecord
+from compaction_bench.common.errors import SuiteError
+from compaction_bench.common.files import SCHEMA, write_json_atomic, write_text_atomic
+from compaction_bench.common.files import read_jsonl as read_lines
+from compaction_bench.transport.client import RequestRecord
 
 SCHEMA_VERSION = SCHEMA
 READABLE_SCHEMAS = (1, SCHEMA)  # schema 1 lines (older runs) read the same; new fields absent

@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench.analysis.runfolder import (
+from compaction_bench.bench.analysis.runfolder import (
     ARMS_FILE,
     BLOCKS_FILE,
     MANIFEST_FILE,
@@ -32,7 +32,7 @@ from bench.analysis.runfolder import (
     write_json,
     write_records,
 )
-from common.paths import results_dir, study_root
+from compaction_bench.common.paths import results_dir, study_root
 
 RUN_ID = "study-b300"
 

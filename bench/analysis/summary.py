@@ -8,10 +8,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from bench.analysis.overhead import harness_overhead
-from bench.analysis.paired import POOLED, ArmComparison, Comparison, RunAnalysis
-from bench.analysis.runfolder import REFERENCE_ARM
-from bench.analysis.stats import (
+from compaction_bench.bench.analysis.overhead import harness_overhead
+from compaction_bench.bench.analysis.paired import POOLED, ArmComparison, Comparison, RunAnalysis
+from compaction_bench.bench.analysis.runfolder import REFERENCE_ARM
+from compaction_bench.bench.analysis.stats import (
     BOOTSTRAP_RESAMPLES,
     CONFIDENCE,
     MIN_BLOCKS_FOR_INTERVAL,

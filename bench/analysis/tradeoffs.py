@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from bench.analysis.paired import BlockStatus, comparison_rng
-from bench.analysis.runfolder import REFERENCE_ARM, ArmRecord, RunRecords
-from bench.analysis.stats import (
+from compaction_bench.bench.analysis.paired import BlockStatus, comparison_rng
+from compaction_bench.bench.analysis.runfolder import REFERENCE_ARM, ArmRecord, RunRecords
+from compaction_bench.bench.analysis.stats import (
     BOOTSTRAP_RESAMPLES,
     CONFIDENCE,
     MIN_BLOCKS_FOR_INTERVAL,
@@ -30,8 +30,8 @@ from bench.analysis.stats import (
     median_or_none,
     paired_change,
 )
-from common.files import read_jsonl
-from loadgen.client import RequestRecord
+from compaction_bench.common.files import read_jsonl
+from compaction_bench.transport.client import RequestRecord
 
 LEDGER_FILE = "ledger.jsonl"
 

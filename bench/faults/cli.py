@@ -14,12 +14,12 @@ from typing import Annotated
 
 import typer
 
-from bench.faults.harness import Context, FaultResult
-from bench.faults.hostile import hostile
-from bench.faults.rows import ROWS, Row
-from common.errors import ExitCode, SuiteError, run_cli
-from common.files import write_json_atomic
-from common.paths import results_dir
+from compaction_bench.bench.faults.harness import Context, FaultResult
+from compaction_bench.bench.faults.hostile import hostile
+from compaction_bench.bench.faults.rows import ROWS, Row
+from compaction_bench.common.errors import ExitCode, SuiteError, run_cli
+from compaction_bench.common.files import write_json_atomic
+from compaction_bench.common.paths import results_dir
 
 app = typer.Typer(add_completion=False, help=__doc__)
 ALL_ROWS = [*ROWS, Row("hostile agent commands", hostile, exclusive=True)]

@@ -28,9 +28,9 @@ from typing import Any
 
 import psutil
 
-from common.net import free_port
-from common.paths import repo_root
-from loadgen.fakeprocess import FakeConfig, FakeProcess
+from compaction_bench.common.net import free_port
+from compaction_bench.common.paths import repo_root
+from compaction_bench.loadgen.fakeprocess import FakeConfig, FakeProcess
 
 RECORD_FILES = ("arms.jsonl", "blocks.jsonl", "requests.jsonl")
 TRACEBACK = "Traceback (most recent call last)"
@@ -76,8 +76,9 @@ class Context:
 
 
 def bench_argv(*args: str, port: int | None = None, base_url: str | None = None) -> list[str]:
-    """`python -m bench.cli run` on the fake engine (no self-check: it has no model)."""
-    argv = [sys.executable, "-m", "bench.cli", "run", "--profile", "fake-faults",
+    """`python -m compaction_bench.bench.cli run` on the fake engine (no self-check: it has no
+    model)."""
+    argv = [sys.executable, "-m", "compaction_bench.bench.cli", "run", "--profile", "fake-faults",
             "--no-selfcheck"]
     if port is not None:
         argv += ["--port", str(port)]

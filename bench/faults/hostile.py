@@ -19,8 +19,8 @@ from typing import Any
 
 import psutil
 
-from bench.analysis.runfolder import read_run
-from bench.faults.harness import (
+from compaction_bench.bench.analysis.runfolder import read_run
+from compaction_bench.bench.faults.harness import (
     SECRET_VALUE,
     Context,
     FaultResult,
@@ -29,7 +29,7 @@ from bench.faults.harness import (
     run_bench_process,
     settle_leftovers,
 )
-from common.paths import repo_root, tasks_root
+from compaction_bench.common.paths import repo_root, tasks_root
 
 SANDBOX_UIDS = range(61000, 62000)  # the sandbox's own users when the bench runs as root
 HF_CANARY = "hf_canaryCANARYcanaryCANARYcanary0123"

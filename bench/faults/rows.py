@@ -18,8 +18,8 @@ from pathlib import Path
 
 import psutil
 
-from bench.analysis.runfolder import read_run
-from bench.faults.harness import (
+from compaction_bench.bench.analysis.runfolder import read_run
+from compaction_bench.bench.faults.harness import (
     BenchProcess,
     Context,
     FaultResult,
@@ -32,8 +32,8 @@ from bench.faults.harness import (
     snapshot,
     verdict,
 )
-from common.net import free_port
-from loadgen.fakeprocess import FakeProcess
+from compaction_bench.common.net import free_port
+from compaction_bench.loadgen.fakeprocess import FakeProcess
 
 STEPS = "6"  # postfork model calls per arm: a block lasts a few seconds on the fake engine
 LONG_STEPS = "24"  # where the fault must strike inside the block
@@ -78,7 +78,7 @@ def server_killed(ctx: Context) -> list[FaultResult]:
     killed = False
     for process in psutil.process_iter(["pid", "cmdline"]):
         cmdline = " ".join(process.info["cmdline"] or [])
-        if "loadgen.fakeserver" in cmdline and f"--port {port}" in cmdline:
+        if "compaction_bench.loadgen.fakeserver" in cmdline and f"--port {port}" in cmdline:
             os.killpg(process.info["pid"], signal.SIGKILL)  # the launcher's process group
             killed = True
     code = bench.wait()
@@ -203,7 +203,7 @@ def _locust(ctx: Context) -> list[psutil.Process]:
     found = []
     for process in psutil.process_iter(["cmdline"]):
         cmdline = " ".join(process.info["cmdline"] or [])
-        if "loadgen.locust_main" in cmdline and str(ctx.root) in cmdline:
+        if "compaction_bench.loadgen.locust_main" in cmdline and str(ctx.root) in cmdline:
             found.append(process)
     return found
 
@@ -289,7 +289,7 @@ def full_disk(ctx: Context) -> list[FaultResult]:
     """The results folder on a 40 KiB tmpfs (bubblewrap): the bench stops with one line when a
     record no longer fits; every record written before is kept, and RESUME on a disk with
     room completes the run."""
-    from histories.agent.sandbox import bwrap_command
+    from compaction_bench.histories.agent.sandbox import bwrap_command
 
     run, small, saved = "full-disk", ctx.root / "small", ctx.root / "saved"
     saved.mkdir(parents=True, exist_ok=True)
@@ -363,7 +363,7 @@ def non_utf8(ctx: Context) -> list[FaultResult]:
         (code in (1, 2), f"exit code {code}"), (str(profile) in output, "the file is not named")],
         lost_count=0))
     histories = ctx.root / "histories"
-    from common.paths import histories_root
+    from compaction_bench.common.paths import histories_root
 
     shutil.copytree(histories_root() / "fix-median", histories / "fix-median")
     (histories / "fix-median" / "self.json").write_bytes(bad)

@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench.analysis.paired import POOLED, RunAnalysis, analyze
-from bench.analysis.runfolder import AnalysisError, read_run, regime_sort_key
-from bench.report.document import Document, Paragraph, Section, Table, to_markdown
-from bench.report.run_report import change_cell
-from common.files import write_text_atomic
+from compaction_bench.bench.analysis.paired import POOLED, RunAnalysis, analyze
+from compaction_bench.bench.analysis.runfolder import AnalysisError, read_run, regime_sort_key
+from compaction_bench.bench.report.document import Document, Paragraph, Section, Table, to_markdown
+from compaction_bench.bench.report.run_report import change_cell
+from compaction_bench.common.files import write_text_atomic
 
 
 class RunMismatchError(AnalysisError):

@@ -13,9 +13,9 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from bench.analysis.latency import regime_spans
-from bench.analysis.paired import POOLED, Comparison, RunAnalysis
-from bench.analysis.stats import MIN_BLOCKS_FOR_INTERVAL
+from compaction_bench.bench.analysis.latency import regime_spans
+from compaction_bench.bench.analysis.paired import POOLED, Comparison, RunAnalysis
+from compaction_bench.bench.analysis.stats import MIN_BLOCKS_FOR_INTERVAL
 
 SHORTER = "#1f77b4"   # blue: the arm finished sooner than clean in that block
 LONGER = "#ff7f0e"    # orange: later or equal, as in the study's Figure 2

@@ -8,12 +8,17 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from bench.analysis.cachebreak import ArmCache, CacheAccounting, cache_accounting
-from bench.analysis.paired import RunAnalysis
-from bench.analysis.stats import MIN_BLOCKS_FOR_INTERVAL, PairedChange
-from bench.analysis.tradeoffs import PolicyComparison, PolicyRow, SuccessChange, compare_policies
-from bench.report.document import Bullets, Image, Paragraph, Section, Table
-from bench.report.pareto import pareto_figure
+from compaction_bench.bench.analysis.cachebreak import ArmCache, CacheAccounting, cache_accounting
+from compaction_bench.bench.analysis.paired import RunAnalysis
+from compaction_bench.bench.analysis.stats import MIN_BLOCKS_FOR_INTERVAL, PairedChange
+from compaction_bench.bench.analysis.tradeoffs import (
+    PolicyComparison,
+    PolicyRow,
+    SuccessChange,
+    compare_policies,
+)
+from compaction_bench.bench.report.document import Bullets, Image, Paragraph, Section, Table
+from compaction_bench.bench.report.pareto import pareto_figure
 
 LISTED = 40  # disagreeing requests listed by id in the report (all of them in summary.json)
 

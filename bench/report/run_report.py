@@ -12,8 +12,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.analysis.overhead import harness_overhead, overhead_lines
-from bench.analysis.paired import (
+from compaction_bench.bench.analysis.overhead import harness_overhead, overhead_lines
+from compaction_bench.bench.analysis.paired import (
     POOLED,
     ArmComparison,
     BlockStatus,
@@ -21,17 +21,17 @@ from bench.analysis.paired import (
     RunAnalysis,
     analyze,
 )
-from bench.analysis.runfolder import REFERENCE_ARM, RunRecords, read_run
-from bench.analysis.serving import requests_table
-from bench.analysis.stats import (
+from compaction_bench.bench.analysis.runfolder import REFERENCE_ARM, RunRecords, read_run
+from compaction_bench.bench.analysis.serving import requests_table
+from compaction_bench.bench.analysis.stats import (
     BOOTSTRAP_RESAMPLES,
     MIN_BLOCKS_FOR_INTERVAL,
     PairedChange,
 )
-from bench.analysis.study import import_study
-from bench.analysis.summary import build_summary
-from bench.report import plots
-from bench.report.document import (
+from compaction_bench.bench.analysis.study import import_study
+from compaction_bench.bench.analysis.summary import build_summary
+from compaction_bench.bench.report import plots
+from compaction_bench.bench.report.document import (
     Bullets,
     Document,
     Image,
@@ -41,9 +41,9 @@ from bench.report.document import (
     to_html,
     to_markdown,
 )
-from bench.report.policy_report import policy_sections, policy_summary
-from bench.report.sections import serving_sections, trust_sections
-from common.files import write_bytes_atomic, write_json_atomic, write_text_atomic
+from compaction_bench.bench.report.policy_report import policy_sections, policy_summary
+from compaction_bench.bench.report.sections import serving_sections, trust_sections
+from compaction_bench.common.files import write_bytes_atomic, write_json_atomic, write_text_atomic
 
 Metric = Callable[[ArmComparison], PairedChange]
 POSTFORK: Metric = lambda a: a.postfork  # noqa: E731

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from bench.analysis.paired import RunAnalysis
-from bench.analysis.stats import Distribution
-from bench.report.document import Bullets, Image, Paragraph, Section, Table
+from compaction_bench.bench.analysis.paired import RunAnalysis
+from compaction_bench.bench.analysis.stats import Distribution
+from compaction_bench.bench.report.document import Bullets, Image, Paragraph, Section, Table
 
 
 def _fmt(value: object, digits: int = 2) -> str:

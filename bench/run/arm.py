@@ -9,18 +9,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.errors import SuiteError
-from histories.agent.chat import ChatModelConfig
-from histories.agent.continuation import first_request
-from histories.compaction.compactor import CompactionCache, CompressorConfig
-from histories.compaction.endpoint import RecordSink
-from histories.compaction.ledger import Ledger
-from histories.format.history import History
-from histories.format.invariant import InvariantError, compare_bodies
-from histories.policies.base import CleanPolicy, HistoryPolicy
-from histories.policies.compacting import policy_for
-from histories.policies.registry import ArmSpec, parse_arm
-from histories.tasks.task import Task
+from compaction_bench.common.errors import SuiteError
+from compaction_bench.histories.agent.chat import ChatModelConfig
+from compaction_bench.histories.agent.continuation import first_request
+from compaction_bench.histories.compaction.compactor import CompactionCache, CompressorConfig
+from compaction_bench.histories.compaction.endpoint import RecordSink
+from compaction_bench.histories.compaction.ledger import Ledger
+from compaction_bench.histories.format.history import History
+from compaction_bench.histories.format.invariant import InvariantError, compare_bodies
+from compaction_bench.histories.policies.base import CleanPolicy, HistoryPolicy
+from compaction_bench.histories.policies.compacting import policy_for
+from compaction_bench.histories.policies.registry import ArmSpec, parse_arm
+from compaction_bench.histories.tasks.task import Task
 
 # Fields a request body may differ in between arms because the run set them on purpose (a
 # recorded factor), not because a policy touched the history: the per-arm cache salt (CACHE=
@@ -107,13 +107,13 @@ def arm_for(name: str, history: History, *, compressors: Mapping[str, Compressor
 
 
 def _stepwise_arm(spec: ArmSpec, history: History) -> Arm:
-    from histories.policies.armfile import policy_fork_cost, scorer_of, settled_of
-    from histories.policies.registry import stepwise_policy
+    from compaction_bench.histories.policies.armfile import policy_fork_cost, scorer_of, settled_of
+    from compaction_bench.histories.policies.registry import stepwise_policy
 
     origin = f"arm file of {spec.name} (task {history.task})"
     if history.arm != spec.name:
         raise ArmError(f"{origin}: the file is arm {history.arm!r}, not {spec.name!r}; write it "
-                       f"with `python -m histories.cli arms --arms {spec.name}`")
+                       f"with `python -m compaction_bench.histories.cli arms --arms {spec.name}`")
     scorer, settled = scorer_of(history, origin), settled_of(history, origin)
 
     def new_policy(context: AttemptContext) -> HistoryPolicy:

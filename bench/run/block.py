@@ -26,17 +26,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bench.analysis.runfolder import ArmRecord
-from bench.run.arm import Arm, AttemptContext, WireCheck, check_on_the_wire
-from bench.run.config import REFERENCE, BenchConfig, arm_seed, derived_seed
-from bench.run.writer import RunWriter
-from common.timing import Clock, monotonic
-from histories.agent.chat import ChatModelConfig
-from histories.agent.continuation import ContinuationResult, continue_history
-from histories.compaction.ledger import Ledger
-from histories.policies.base import HistoryPolicy
-from histories.tasks.task import Task
-from loadgen.request import PreparedRequest, RequestRecord
+from compaction_bench.bench.analysis.runfolder import ArmRecord
+from compaction_bench.bench.run.arm import Arm, AttemptContext, WireCheck, check_on_the_wire
+from compaction_bench.bench.run.config import REFERENCE, BenchConfig, arm_seed, derived_seed
+from compaction_bench.bench.run.writer import RunWriter
+from compaction_bench.common.timing import Clock, monotonic
+from compaction_bench.histories.agent.chat import ChatModelConfig
+from compaction_bench.histories.agent.continuation import ContinuationResult, continue_history
+from compaction_bench.histories.compaction.ledger import Ledger
+from compaction_bench.histories.policies.base import HistoryPolicy
+from compaction_bench.histories.tasks.task import Task
+from compaction_bench.transport.request import PreparedRequest, RequestRecord
 
 # mini-swe-agent's terminal statuses: reaching one of them (without a transport error) is
 # protocol completion under the lenient protocol.

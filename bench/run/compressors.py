@@ -10,23 +10,23 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.run.arm import Arm, arm_for
-from bench.run.config import (
+from compaction_bench.bench.run.arm import Arm, arm_for
+from compaction_bench.bench.run.config import (
     BenchConfig,
     BenchError,
 )
-from bench.run.phases import PhaseLog
-from common.paths import histories_root
-from histories.compaction.compactor import (
+from compaction_bench.bench.run.phases import PhaseLog
+from compaction_bench.common.paths import histories_root
+from compaction_bench.histories.compaction.compactor import (
     CompactionCache,
     CompressorConfig,
     external_compressor,
     self_compressor,
 )
-from histories.compaction.prompts import REWRITE_PROMPTS
-from histories.format.history import load_history
-from serve.launcher import LazyServer, ServerConfig, server_for
-from serve.profile import EXTERNAL_COMPRESSOR_PROFILE, Profile, load_profile
+from compaction_bench.histories.compaction.prompts import REWRITE_PROMPTS
+from compaction_bench.histories.format.history import load_history
+from compaction_bench.serve.launcher import LazyServer, ServerConfig, server_for
+from compaction_bench.serve.profile import EXTERNAL_COMPRESSOR_PROFILE, Profile, load_profile
 
 
 def build_arms(config: BenchConfig, paths: dict[str, Path], compressors: Compressors
@@ -35,7 +35,7 @@ def build_arms(config: BenchConfig, paths: dict[str, Path], compressors: Compres
     cache = None
     if config.rewrite_cache == "reuse":
         cache = CompactionCache(histories_root() / config.task / "compaction" / "cache.jsonl")
-    from histories.policies.registry import parse_arm
+    from compaction_bench.histories.policies.registry import parse_arm
 
     return [arm_for(arm, load_history(paths[arm]), compressors=compressors.configs, cache=cache,
                     before_request=compressors.hooks.get(parse_arm(arm).compressor or ""))
@@ -61,7 +61,7 @@ def open_compressors(config: BenchConfig, profile: Profile, target_url: str, run
                          f"{', '.join(REWRITE_PROMPTS)}")
     found = Compressors({"self": deadline(self_compressor(
         target_url, model=profile.model.compressor_name, prompt=config.prompt), config)}, {})
-    from histories.policies.registry import compressors_needed
+    from compaction_bench.histories.policies.registry import compressors_needed
 
     if "external" not in compressors_needed(config.arms):  # external, external-every-<n>
         yield found

@@ -9,10 +9,10 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from common.errors import SuiteError
-from common.net import server_url
-from common.paths import results_dir
-from serve.profile import Profile
+from compaction_bench.common.errors import SuiteError
+from compaction_bench.common.net import server_url
+from compaction_bench.common.paths import results_dir
+from compaction_bench.serve.profile import Profile
 
 Regime = Literal["dedicated", "shared", "overloaded", "sweep"]
 REGIMES: tuple[Regime, ...] = ("dedicated", "shared", "overloaded")
@@ -169,7 +169,7 @@ class BenchConfig(BaseModel):
         if REFERENCE not in value:
             raise ValueError("the arms must include clean, the reference every change is paired "
                              f"against (got {', '.join(value)}); e.g. ARMS=clean,{value[0]}")
-        from histories.policies.registry import UnknownArmError, parse_arm
+        from compaction_bench.histories.policies.registry import UnknownArmError, parse_arm
 
         for name in value:
             try:

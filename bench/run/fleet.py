@@ -17,13 +17,13 @@ from typing import Any
 
 import numpy as np
 
-from bench.analysis.runfolder import ArmRecord, BlockRecord
-from bench.run.arm import Arm
-from bench.run.block import BlockSettings, run_block
-from bench.run.config import SWEEP, SweepSettings
-from bench.run.writer import RunWriter
-from common.timing import Clock, monotonic
-from loadgen.client import RequestRecord
+from compaction_bench.bench.analysis.runfolder import ArmRecord, BlockRecord
+from compaction_bench.bench.run.arm import Arm
+from compaction_bench.bench.run.block import BlockSettings, run_block
+from compaction_bench.bench.run.config import SWEEP, SweepSettings
+from compaction_bench.bench.run.writer import RunWriter
+from compaction_bench.common.timing import Clock, monotonic
+from compaction_bench.transport.client import RequestRecord
 
 PHASES = ("warmup", "measured", "drain")
 

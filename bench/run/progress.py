@@ -10,8 +10,8 @@ from typing import TextIO
 
 import httpx
 
-from common.net import server_url
-from loadgen.metrics import parse_metrics
+from compaction_bench.common.net import server_url
+from compaction_bench.loadgen.metrics import parse_metrics
 
 
 def waiting_requests(url: str) -> float | None:

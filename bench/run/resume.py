@@ -9,19 +9,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.analysis.runfolder import (
+from compaction_bench.bench.analysis.runfolder import (
     BlockRecord,
     load_manifest,
     manifest_field,
     read_run,
 )
-from bench.run.config import (
+from compaction_bench.bench.run.config import (
     PLACEBO,
     BenchConfig,
     BenchError,
 )
-from common.paths import histories_root
-from serve.profile import Profile
+from compaction_bench.common.paths import histories_root
+from compaction_bench.serve.profile import Profile
 
 
 def history_paths(task: str, arms: tuple[str, ...]) -> dict[str, Path]:

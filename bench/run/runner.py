@@ -24,28 +24,28 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from bench.analysis.load import block_load
-from bench.analysis.paired import helper_waits
-from bench.analysis.runfolder import (
+from compaction_bench.bench.analysis.load import block_load
+from compaction_bench.bench.analysis.paired import helper_waits
+from compaction_bench.bench.analysis.runfolder import (
     ArmRecord,
     BlockRecord,
     read_run,
     write_json,
 )
-from bench.report.run_report import ReportFiles, write_report
-from bench.run.arm import Arm
-from bench.run.block import BlockSettings, run_block
-from bench.run.compressors import build_arms, open_compressors
-from bench.run.config import (
+from compaction_bench.bench.report.run_report import ReportFiles, write_report
+from compaction_bench.bench.run.arm import Arm
+from compaction_bench.bench.run.block import BlockSettings, run_block
+from compaction_bench.bench.run.compressors import build_arms, open_compressors
+from compaction_bench.bench.run.config import (
     SWEEP,
     BenchConfig,
     default_blocks,
     regime_users,
 )
-from bench.run.manifest import build_manifest, history_hashes
-from bench.run.phases import PhaseLog
-from bench.run.progress import Progress
-from bench.run.resume import (
+from compaction_bench.bench.run.manifest import build_manifest, history_hashes
+from compaction_bench.bench.run.phases import PhaseLog
+from compaction_bench.bench.run.progress import Progress
+from compaction_bench.bench.run.resume import (
     block_passes,
     failed_arms,
     fingerprint,
@@ -53,19 +53,19 @@ from bench.run.resume import (
     open_run,
     resumed_config,
 )
-from bench.run.stop import RunStop
-from bench.run.telemetry import run_telemetry, selfcheck, service_probe
-from bench.run.watchdog import Watchdog
-from bench.run.writer import RunWriter
-from common.errors import ExitCode, SuiteError
-from common.files import RecordWriteError
-from histories.agent.chat import config_for_profile
-from histories.agent.sandbox import confinement
-from histories.compaction.ledger import Ledger
-from histories.tasks.task import load_task
-from loadgen.background import BackgroundLoadError, ServiceProbe
-from serve.launcher import ServerConfig, is_healthy, server_for, server_version
-from serve.profile import Profile, resolve_profile
+from compaction_bench.bench.run.stop import RunStop
+from compaction_bench.bench.run.telemetry import run_telemetry, selfcheck, service_probe
+from compaction_bench.bench.run.watchdog import Watchdog
+from compaction_bench.bench.run.writer import RunWriter
+from compaction_bench.common.errors import ExitCode, SuiteError
+from compaction_bench.common.files import RecordWriteError
+from compaction_bench.histories.agent.chat import config_for_profile
+from compaction_bench.histories.agent.sandbox import confinement
+from compaction_bench.histories.compaction.ledger import Ledger
+from compaction_bench.histories.tasks.task import load_task
+from compaction_bench.loadgen.background import BackgroundLoadError, ServiceProbe
+from compaction_bench.serve.launcher import ServerConfig, is_healthy, server_for, server_version
+from compaction_bench.serve.profile import Profile, resolve_profile
 
 LOAD_SAMPLE_S = 0.5  # how often the monitor samples the background load's state
 DEFAULT_KV_BLOCK = 16  # vLLM's KV block size where a profile sets none
@@ -104,7 +104,7 @@ class _Run:
 def run_bench(config: BenchConfig, *, stream: TextIO = sys.stderr) -> RunOutcome:
     config = resumed_config(config)
     if config.regime == SWEEP:  # closed-loop fleets instead of blocks: bench/run/sweep.py
-        from bench.run.sweep import run_sweep
+        from compaction_bench.bench.run.sweep import run_sweep
 
         return run_sweep(config, stream=stream)
     profile = resolve_profile(config.profile)

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import TextIO
 
-from common.errors import ExitCode
-from loadgen.client import abort_all
+from compaction_bench.common.errors import ExitCode
+from compaction_bench.transport.client import abort_all
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 

@@ -43,30 +43,30 @@ from typing import Any, TextIO
 import httpx
 import numpy as np
 
-from bench.analysis.runfolder import ArmRecord, write_json
-from bench.run.arm import Arm
-from bench.run.block import BlockSettings
-from bench.run.compressors import build_arms, open_compressors
-from bench.run.config import SWEEP, BenchConfig
-from bench.run.fleet import CellOutcome, run_cell
-from bench.run.manifest import build_manifest, history_hashes
-from bench.run.phases import PhaseLog
-from bench.run.resume import fingerprint, history_paths, open_run, resumed_config
-from bench.run.runner import DEFAULT_KV_BLOCK, RunOutcome
-from bench.run.stop import RunStop
-from bench.run.telemetry import selfcheck
-from bench.run.watchdog import Watchdog
-from bench.run.writer import RunWriter
-from common.errors import ExitCode
-from common.files import JsonlWriter, RecordWriteError, read_jsonl
-from common.net import server_url
-from histories.agent.chat import config_for_profile
-from histories.agent.sandbox import confinement
-from histories.compaction.ledger import Ledger
-from histories.tasks.task import load_task
-from serve.engineinfo import cache_config
-from serve.launcher import ServerConfig, is_healthy, server_for, server_version
-from serve.profile import resolve_profile
+from compaction_bench.bench.analysis.runfolder import ArmRecord, write_json
+from compaction_bench.bench.run.arm import Arm
+from compaction_bench.bench.run.block import BlockSettings
+from compaction_bench.bench.run.compressors import build_arms, open_compressors
+from compaction_bench.bench.run.config import SWEEP, BenchConfig
+from compaction_bench.bench.run.fleet import CellOutcome, run_cell
+from compaction_bench.bench.run.manifest import build_manifest, history_hashes
+from compaction_bench.bench.run.phases import PhaseLog
+from compaction_bench.bench.run.resume import fingerprint, history_paths, open_run, resumed_config
+from compaction_bench.bench.run.runner import DEFAULT_KV_BLOCK, RunOutcome
+from compaction_bench.bench.run.stop import RunStop
+from compaction_bench.bench.run.telemetry import selfcheck
+from compaction_bench.bench.run.watchdog import Watchdog
+from compaction_bench.bench.run.writer import RunWriter
+from compaction_bench.common.errors import ExitCode
+from compaction_bench.common.files import JsonlWriter, RecordWriteError, read_jsonl
+from compaction_bench.common.net import server_url
+from compaction_bench.histories.agent.chat import config_for_profile
+from compaction_bench.histories.agent.sandbox import confinement
+from compaction_bench.histories.compaction.ledger import Ledger
+from compaction_bench.histories.tasks.task import load_task
+from compaction_bench.serve.engineinfo import cache_config
+from compaction_bench.serve.launcher import ServerConfig, is_healthy, server_for, server_version
+from compaction_bench.serve.profile import resolve_profile
 
 SWEEP_FILE = "sweep.jsonl"
 # On a CPU the embedded model cannot reason, so the sweep only shows the machinery: two model
@@ -190,8 +190,8 @@ def run_sweep(config: BenchConfig, *, stream: TextIO = sys.stderr) -> RunOutcome
         cells_out = JsonlWriter(run_dir / SWEEP_FILE)
         try:
             with ExitStack() as stack:
-                from loadgen.gpu import GpuSampler
-                from loadgen.metrics import MetricsSampler
+                from compaction_bench.loadgen.gpu import GpuSampler
+                from compaction_bench.loadgen.metrics import MetricsSampler
 
                 sampler = stack.enter_context(MetricsSampler(url, run_dir / "metrics.jsonl",
                                                              origin=origin))

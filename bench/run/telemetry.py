@@ -11,16 +11,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.analysis.runfolder import (
+from compaction_bench.bench.analysis.runfolder import (
     write_json,
 )
-from bench.run.config import (
+from compaction_bench.bench.run.config import (
     BenchConfig,
 )
-from common.files import JsonlWriter
-from loadgen.background import BackgroundLoad, ServiceProbe
-from loadgen.metrics import MetricsSampler
-from serve.profile import Profile
+from compaction_bench.common.files import JsonlWriter
+from compaction_bench.loadgen.background import BackgroundLoad, ServiceProbe
+from compaction_bench.loadgen.metrics import MetricsSampler
+from compaction_bench.serve.profile import Profile
 
 LOAD_SAMPLE_S = 0.5  # how often the monitor samples the background load's state
 
@@ -69,8 +69,8 @@ def run_telemetry(config: BenchConfig, url: str, run_dir: Path, origin: float, u
     """Server metrics and GPU samplers for the whole run; background users when the regime has
     any, living exactly as long as the run (started before the first block and steady before
     it begins), with a monitor sampling them."""
-    from loadgen.background import BackgroundConfig, ReplayOptions
-    from loadgen.gpu import GpuSampler
+    from compaction_bench.loadgen.background import BackgroundConfig, ReplayOptions
+    from compaction_bench.loadgen.gpu import GpuSampler
 
     with ExitStack() as stack:
         sampler = stack.enter_context(MetricsSampler(url, run_dir / "metrics.jsonl",
@@ -106,7 +106,7 @@ def selfcheck(config: BenchConfig, url: str, profile: Profile, run_dir: Path
         return {"skipped": "SELFCHECK=0 / --no-selfcheck: the server was not checked"}
     import os
 
-    from serve.selfcheck import SelfCheckError, run_selfcheck
+    from compaction_bench.serve.selfcheck import SelfCheckError, run_selfcheck
 
     try:
         report = run_selfcheck(url, profile, api_key=os.environ.get("API_KEY") or None)
@@ -123,6 +123,6 @@ def service_probe(url: str, profile: Profile, users: int) -> ServiceProbe | None
         return None
     import os
 
-    from loadgen.background import measure_service
+    from compaction_bench.loadgen.background import measure_service
 
     return measure_service(url, profile.model.target_name, api_key=os.environ.get("API_KEY"))

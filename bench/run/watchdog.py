@@ -15,8 +15,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from loadgen.client import activity
-from loadgen.metrics import MetricsSampler
+from compaction_bench.loadgen.metrics import MetricsSampler
+from compaction_bench.transport.client import activity
 
 CHECK_S = 1.0
 

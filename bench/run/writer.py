@@ -19,8 +19,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from common.files import JsonlWriter, RecordWriteError
-from loadgen.client import RequestRecord
+from compaction_bench.common.files import JsonlWriter, RecordWriteError
+from compaction_bench.transport.client import RequestRecord
 
 FILES = ("requests.jsonl", "arms.jsonl", "blocks.jsonl")
 

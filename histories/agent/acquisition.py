@@ -11,13 +11,13 @@ from typing import Any
 
 from minisweagent.exceptions import InterruptAgentFlow
 
-from common.errors import SuiteError
-from histories.agent.chat import ChatModel, ChatModelConfig
-from histories.agent.episode import open_episode
-from histories.agent.loop import FORKED, HistoryAgent
-from histories.format.history import Fork, History
-from histories.tasks.task import Task
-from serve.launcher import server_version
+from compaction_bench.common.errors import SuiteError
+from compaction_bench.histories.agent.chat import ChatModel, ChatModelConfig
+from compaction_bench.histories.agent.episode import open_episode
+from compaction_bench.histories.agent.loop import FORKED, HistoryAgent
+from compaction_bench.histories.format.history import Fork, History
+from compaction_bench.histories.tasks.task import Task
+from compaction_bench.serve.launcher import server_version
 
 
 class AcquisitionError(SuiteError):

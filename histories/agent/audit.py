@@ -17,13 +17,13 @@ from typing import Any
 
 from minisweagent.models.utils.actions_toolcall import BASH_TOOL
 
-from common.errors import SuiteError
-from common.net import api_url
-from histories.agent.chat import ChatModel, ChatModelConfig
-from histories.agent.continuation import pending_observation
-from histories.agent.tokenizer import Tokenizer
-from histories.format.history import History
-from loadgen.prefixhash import common_prefix
+from compaction_bench.common.errors import SuiteError
+from compaction_bench.common.net import api_url
+from compaction_bench.histories.agent.chat import ChatModel, ChatModelConfig
+from compaction_bench.histories.agent.continuation import pending_observation
+from compaction_bench.histories.agent.tokenizer import Tokenizer
+from compaction_bench.histories.format.history import History
+from compaction_bench.transport.prefixhash import common_prefix
 
 
 class AuditError(SuiteError):

@@ -1,5 +1,5 @@
 """A mini-swe-agent `Model` that talks to any OpenAI-compatible server through the suite's one
-streaming client (`loadgen.client`), the client `make bench-client` measures.
+streaming client (`transport.client`), the client `make bench-client` measures.
 
 It streams every response and stamps each chunk on arrival (one monotonic clock), records every
 request as a `RequestRecord` (prompt, cached, completion, reasoning tokens, the sampling seed and
@@ -39,13 +39,19 @@ from minisweagent.models.utils.actions_toolcall import (
 from openai.types.chat import ChatCompletionMessageToolCall
 from pydantic import BaseModel, ConfigDict, Field
 
-from common.net import api_url
-from common.timing import Clock, monotonic
-from histories.format.actions import BASH_ACTION_REGEX, STRUCTURED_TEXT_REGEX
-from histories.policies.base import HistoryPolicy
-from histories.tasks.decision_protocol import parse_decision_actions
-from loadgen.client import PreparedRequest, RequestRecord, Response, StreamClient, prepare
-from serve.profile import Profile
+from compaction_bench.common.net import api_url
+from compaction_bench.common.timing import Clock, monotonic
+from compaction_bench.histories.format.actions import BASH_ACTION_REGEX, STRUCTURED_TEXT_REGEX
+from compaction_bench.histories.policies.base import HistoryPolicy
+from compaction_bench.histories.tasks.decision_protocol import parse_decision_actions
+from compaction_bench.serve.profile import Profile
+from compaction_bench.transport.client import (
+    PreparedRequest,
+    RequestRecord,
+    Response,
+    StreamClient,
+    prepare,
+)
 
 OBSERVATION_TEMPLATE = (
     "{% if output.exception_info %}<exception>{{output.exception_info}}</exception>\n{% endif %}"

@@ -29,18 +29,22 @@ from typing import Any, Literal, cast
 
 from minisweagent.exceptions import InterruptAgentFlow
 
-from common.timing import Clock, monotonic
-from histories.agent.chat import ChatModel, ChatModelConfig, TransportError
-from histories.agent.episode import episode_config, open_episode
-from histories.agent.loop import HistoryAgent
-from histories.agent.tokenizer import Tokenizer, TokenizerError
-from histories.agent.workspace import Validation
-from histories.format.history import History, HistoryError, message_action
-from histories.format.invariant import InvariantError, InvariantReport, compare_bodies
-from histories.format.reasoning import block_text, thought_label
-from histories.policies.base import HistoryPolicy
-from histories.tasks.task import Task
-from loadgen.client import PreparedRequest, RequestRecord, prepare
+from compaction_bench.common.timing import Clock, monotonic
+from compaction_bench.histories.agent.chat import ChatModel, ChatModelConfig, TransportError
+from compaction_bench.histories.agent.episode import episode_config, open_episode
+from compaction_bench.histories.agent.loop import HistoryAgent
+from compaction_bench.histories.agent.tokenizer import Tokenizer, TokenizerError
+from compaction_bench.histories.agent.workspace import Validation
+from compaction_bench.histories.format.history import History, HistoryError, message_action
+from compaction_bench.histories.format.invariant import (
+    InvariantError,
+    InvariantReport,
+    compare_bodies,
+)
+from compaction_bench.histories.format.reasoning import block_text, thought_label
+from compaction_bench.histories.policies.base import HistoryPolicy
+from compaction_bench.histories.tasks.task import Task
+from compaction_bench.transport.client import PreparedRequest, RequestRecord, prepare
 
 WALL_LIMIT = "the arm's wall-time limit passed"
 

@@ -18,17 +18,17 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from histories.agent.chat import ChatModelConfig
-from histories.agent.loop import agent_settings
-from histories.agent.workspace import Validation, Workspace
-from histories.tasks.decision import DecisionEnvironment, DecisionTask
-from histories.tasks.decision_protocol import (
+from compaction_bench.histories.agent.chat import ChatModelConfig
+from compaction_bench.histories.agent.loop import agent_settings
+from compaction_bench.histories.agent.workspace import Validation, Workspace
+from compaction_bench.histories.tasks.decision import DecisionEnvironment, DecisionTask
+from compaction_bench.histories.tasks.decision_protocol import (
     FORMAT_ERROR_TEMPLATE,
     OBSERVATION_TEMPLATE,
     structured_regex,
     text_protocol_system,
 )
-from histories.tasks.task import Task
+from compaction_bench.histories.tasks.task import Task
 
 
 @dataclass

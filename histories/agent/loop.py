@@ -9,7 +9,7 @@ from typing import Any
 from minisweagent.agents.default import DefaultAgent
 from minisweagent.exceptions import InterruptAgentFlow
 
-from histories.agent.chat import ChatModel
+from compaction_bench.histories.agent.chat import ChatModel
 
 SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 FORKED = "Forked"

@@ -38,8 +38,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from common.errors import SuiteError
-from common.paths import repo_root, results_dir, run_state_dir
+from compaction_bench.common.errors import SuiteError
+from compaction_bench.common.paths import repo_root, results_dir, run_state_dir
 
 Level = Literal["bwrap", "unshare", "none"]
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"

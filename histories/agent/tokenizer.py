@@ -8,8 +8,8 @@ from typing import Any
 
 import httpx
 
-from common.errors import SuiteError
-from common.net import server_url
+from compaction_bench.common.errors import SuiteError
+from compaction_bench.common.net import server_url
 
 
 class TokenizerError(SuiteError):

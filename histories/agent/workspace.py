@@ -18,9 +18,9 @@ from typing import Any
 
 from minisweagent.environments.local import LocalEnvironment, LocalEnvironmentConfig
 
-from common.errors import SuiteError
-from histories.agent.sandbox import Sandbox, SandboxLimits
-from histories.tasks.task import Task
+from compaction_bench.common.errors import SuiteError
+from compaction_bench.histories.agent.sandbox import Sandbox, SandboxLimits
+from compaction_bench.histories.tasks.task import Task
 
 PATCH_LIMITS = SandboxLimits(output_cap_chars=2_000_000, output_kill_bytes=32 * 2**20)
 VALIDATION_TAIL_CHARS = 4000

@@ -21,20 +21,26 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common.timing import Clock, monotonic
-from histories.agent.continuation import check_reasoning_only
-from histories.compaction.compactor import (
+from compaction_bench.common.timing import Clock, monotonic
+from compaction_bench.histories.agent.continuation import check_reasoning_only
+from compaction_bench.histories.compaction.compactor import (
     CompactionCache,
     CompactionResult,
     Compactor,
     CompressorConfig,
     compact_message,
 )
-from histories.compaction.judge import Gate, JudgeConfig, gate_failures, judge_block, tool_call_text
-from histories.compaction.ledger import OUTCOMES, Ledger
-from histories.compaction.lexical import lexical_diagnostics
-from histories.format.history import History, load_history, save_history
-from histories.format.invariant import InvariantError, InvariantReport
+from compaction_bench.histories.compaction.judge import (
+    Gate,
+    JudgeConfig,
+    gate_failures,
+    judge_block,
+    tool_call_text,
+)
+from compaction_bench.histories.compaction.ledger import OUTCOMES, Ledger
+from compaction_bench.histories.compaction.lexical import lexical_diagnostics
+from compaction_bench.histories.format.history import History, load_history, save_history
+from compaction_bench.histories.format.invariant import InvariantError, InvariantReport
 
 SEED_ARMS = ("external", "self")
 TIMING_NOTE = ("at the fork: each block rewritten from (block, requested action name) only, "

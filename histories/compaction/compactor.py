@@ -35,21 +35,26 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from common.files import append_jsonl, read_jsonl
-from common.timing import Clock, monotonic
-from histories.compaction.endpoint import (
+from compaction_bench.common.files import append_jsonl, read_jsonl
+from compaction_bench.common.timing import Clock, monotonic
+from compaction_bench.histories.compaction.endpoint import (
     Completion,
     EndpointConfig,
     EndpointError,
     RecordSink,
     complete,
 )
-from histories.compaction.ledger import Ledger, LedgerEntry, Outcome
-from histories.compaction.lexical import count_words, missing_required
-from histories.compaction.prompts import REWRITE_PROMPTS, Prompt, load_prompt
-from histories.compaction.redaction import Redacted, redact, restore
-from histories.format.history import canonical_json
-from histories.format.reasoning import action_name, block_text, replace_block, thought_label
+from compaction_bench.histories.compaction.ledger import Ledger, LedgerEntry, Outcome
+from compaction_bench.histories.compaction.lexical import count_words, missing_required
+from compaction_bench.histories.compaction.prompts import REWRITE_PROMPTS, Prompt, load_prompt
+from compaction_bench.histories.compaction.redaction import Redacted, redact, restore
+from compaction_bench.histories.format.history import canonical_json
+from compaction_bench.histories.format.reasoning import (
+    action_name,
+    block_text,
+    replace_block,
+    thought_label,
+)
 
 IDENTITY_MAX_WORDS = 12
 PAYLOAD_VERSION = 1  # the user-message layout below; recorded beside the prompt hash

@@ -1,6 +1,6 @@
 """One chat completion from any OpenAI-compatible endpoint, for compressors and judges.
 
-Sent through the suite's one streaming client (`loadgen.client`), so a rewrite is timed the way
+Sent through the suite's one streaming client (`transport.client`), so a rewrite is timed the way
 every other request is and its record can go to the run's `requests.jsonl` (source
 `<arm>/compressor`). A rewrite is consumed whole: its latency (send to last byte) is what the
 ledger records. The API key comes from the environment variable the config names, never from a
@@ -18,9 +18,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from common.net import api_url
-from common.timing import Clock, monotonic
-from loadgen.client import RequestRecord, StreamClient, prepare
+from compaction_bench.common.net import api_url
+from compaction_bench.common.timing import Clock, monotonic
+from compaction_bench.transport.client import RequestRecord, StreamClient, prepare
 
 
 class EndpointConfig(BaseModel):

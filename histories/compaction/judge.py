@@ -16,12 +16,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from common.errors import SuiteError
-from common.timing import Clock, monotonic
-from histories.compaction.endpoint import EndpointConfig, EndpointError, complete
-from histories.compaction.prompts import load_prompt
-from histories.compaction.redaction import redact
-from histories.format.history import message_action
+from compaction_bench.common.errors import SuiteError
+from compaction_bench.common.timing import Clock, monotonic
+from compaction_bench.histories.compaction.endpoint import EndpointConfig, EndpointError, complete
+from compaction_bench.histories.compaction.prompts import load_prompt
+from compaction_bench.histories.compaction.redaction import redact
+from compaction_bench.histories.format.history import message_action
 
 Gate = Literal["off", "judge", "strict"]
 GATES: tuple[Gate, ...] = ("off", "judge", "strict")

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from common.files import append_jsonl, read_jsonl
+from compaction_bench.common.files import append_jsonl, read_jsonl
 
 Outcome = Literal["rewritten", "identity-short", "reverted-not-shorter", "failed"]
 OUTCOMES: tuple[Outcome, ...] = ("rewritten", "identity-short", "reverted-not-shorter", "failed")

@@ -11,7 +11,8 @@ basic-auth URLs, ...), its keyword detector (password/secret/api_key assignments
 entropy detector, with the library's own false-positive heuristics. `redaction_rules.toml` adds,
 as data and each with its source, the shapes those detectors miss in free text (shell flags,
 `mysql -pX`, `curl -u`, env assignments, longer token formats, PEM blocks without an END line).
-`python -m histories.compaction.redaction_bench` measures recall and false positives on the
+`python -m compaction_bench.histories.compaction.redaction_bench` measures recall and false
+positives on the
 labelled corpus in `data/redaction/`.
 
 Contract:
@@ -39,7 +40,7 @@ from detect_secrets.plugins import keyword
 from detect_secrets.plugins.base import BasePlugin, RegexBasedDetector
 from detect_secrets.plugins.high_entropy_strings import Base64HighEntropyString
 
-from histories.compaction.redaction_rules import (
+from compaction_bench.histories.compaction.redaction_rules import (
     RULES,
     RedactionRules,
     names_no_secret,

@@ -1,6 +1,6 @@
 """How well does redaction work? Recall and false positives on the labelled corpus.
 
-    python -m histories.compaction.redaction_bench        # `make bench-redaction`
+    python -m compaction_bench.histories.compaction.redaction_bench        # `make bench-redaction`
 
 The corpus (`data/redaction/corpus.jsonl`, see its README) holds texts with the exact secret
 substrings each contains, and look-alikes that contain none (reasoning prose, hashes, UUIDs,
@@ -28,9 +28,9 @@ from typing import Annotated
 
 import typer
 
-from common.errors import SuiteError, run_cli
-from common.paths import data_root
-from histories.compaction.redaction import Finding, redact, scan
+from compaction_bench.common.errors import SuiteError, run_cli
+from compaction_bench.common.paths import data_root
+from compaction_bench.histories.compaction.redaction import Finding, redact, scan
 
 
 class CorpusError(SuiteError):

@@ -19,7 +19,7 @@ from typing import Literal
 from detect_secrets.filters import heuristic
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from common.errors import SuiteError, describe_validation
+from compaction_bench.common.errors import SuiteError, describe_validation
 
 RULES_FILE = Path(__file__).parent / "redaction_rules.toml"
 Filter = Literal["reference", "prose", "sequential"]

@@ -14,8 +14,8 @@ import copy
 from pathlib import Path
 from typing import Any
 
-from histories.format.history import History, write_json
-from histories.format.importers.normalize import minisweagent_info
+from compaction_bench.histories.format.history import History, write_json
+from compaction_bench.histories.format.importers.normalize import minisweagent_info
 
 
 def export_minisweagent(history: History) -> dict[str, Any]:

@@ -25,10 +25,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common.errors import SuiteError
-from common.files import RecordWriteError
-from common.files import write_json_atomic as _write_json
-from histories.format.actions import split_text_action
+from compaction_bench.common.errors import SuiteError
+from compaction_bench.common.files import RecordWriteError
+from compaction_bench.common.files import write_json_atomic as _write_json
+from compaction_bench.histories.format.actions import split_text_action
 
 HISTORY_FORMAT = "compaction-bench-history"
 HISTORY_VERSION = 1
@@ -378,7 +378,7 @@ def _validate_history_json(data: Any, *, origin: str) -> History:
         raise refusal(origin, f"a history file is a JSON object, got {type(data).__name__}")
     if data.get("history_format") != HISTORY_FORMAT:
         hint = (" (it looks like a trajectory or message list: import it with "
-                "`python -m histories.format.importers FILE OUT.json`)")
+                "`python -m compaction_bench.histories.format.importers FILE OUT.json`)")
         raise refusal(origin, f"must be {HISTORY_FORMAT!r}, got {data.get('history_format')!r}"
                       + hint, field_name="history_format")
     version = data.get("history_version")

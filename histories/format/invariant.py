@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from common.errors import SuiteError
-from histories.format.actions import split_text_action
+from compaction_bench.common.errors import SuiteError
+from compaction_bench.histories.format.actions import split_text_action
 
 _REASONING_PATH = re.compile(r"^messages\[(\d+)\]\.(reasoning|reasoning_content)$")
 _CONTENT_PATH = re.compile(r"^messages\[(\d+)\]\.content$")

@@ -11,7 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from histories.format.actions import THOUGHT_LABEL_RE, action_fences, split_text_action
+from compaction_bench.histories.format.actions import (
+    THOUGHT_LABEL_RE,
+    action_fences,
+    split_text_action,
+)
 
 # --- blocks inside messages --------------------------------------------------------------------
 

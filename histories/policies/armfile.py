@@ -21,15 +21,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common.errors import SuiteError
-from common.timing import Clock, monotonic
-from histories.agent.continuation import check_reasoning_only, pending_observation
-from histories.compaction.ledger import Ledger
-from histories.format.history import History, load_history, save_history
-from histories.format.invariant import InvariantError, InvariantReport
-from histories.policies.registry import ArmSpec, parse_arm, stepwise_policy
-from histories.policies.scorer import ProxyScorer, ScorerConfig
-from histories.policies.stepwise import edit_totals
+from compaction_bench.common.errors import SuiteError
+from compaction_bench.common.timing import Clock, monotonic
+from compaction_bench.histories.agent.continuation import check_reasoning_only, pending_observation
+from compaction_bench.histories.compaction.ledger import Ledger
+from compaction_bench.histories.format.history import History, load_history, save_history
+from compaction_bench.histories.format.invariant import InvariantError, InvariantReport
+from compaction_bench.histories.policies.registry import ArmSpec, parse_arm, stepwise_policy
+from compaction_bench.histories.policies.scorer import ProxyScorer, ScorerConfig
+from compaction_bench.histories.policies.stepwise import edit_totals
 
 TIMING_NOTE = ("online at the fork: each step decided once, before the request after it, from "
                "its reasoning and the history before it as already edited; never from its "

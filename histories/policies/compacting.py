@@ -28,18 +28,18 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from common.timing import Clock, monotonic
-from histories.compaction.compactor import (
+from compaction_bench.common.timing import Clock, monotonic
+from compaction_bench.histories.compaction.compactor import (
     CompactionCache,
     CompactionResult,
     Compactor,
     CompressorConfig,
     compact_message,
 )
-from histories.compaction.endpoint import RecordSink
-from histories.compaction.ledger import Ledger
-from histories.format.history import History
-from histories.format.reasoning import action_name, block_text, replace_block
+from compaction_bench.histories.compaction.endpoint import RecordSink
+from compaction_bench.histories.compaction.ledger import Ledger
+from compaction_bench.histories.format.history import History
+from compaction_bench.histories.format.reasoning import action_name, block_text, replace_block
 
 
 class ContinuousCompaction:

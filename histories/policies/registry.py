@@ -18,13 +18,13 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from common.errors import SuiteError
-from common.timing import Clock, monotonic
-from histories.compaction.ledger import Ledger
+from compaction_bench.common.errors import SuiteError
+from compaction_bench.common.timing import Clock, monotonic
+from compaction_bench.histories.compaction.ledger import Ledger
 
 if TYPE_CHECKING:  # the policies import torch and transformers only where they are built
-    from histories.policies.scorer import ScorerConfig
-    from histories.policies.stepwise import StepwisePolicy
+    from compaction_bench.histories.policies.scorer import ScorerConfig
+    from compaction_bench.histories.policies.stepwise import StepwisePolicy
 
 REFERENCE_ARMS = ("clean", "placebo")
 COMPRESSOR_ARMS = ("external", "self")
@@ -104,9 +104,9 @@ def stepwise_policy(spec: ArmSpec, *, reasoning_mode: str, protocol: str,
     """The `StepwisePolicy` of a second-paper arm. `scorer` is the arm's `ScorerConfig` (its
     model also tokenizes for the ledger's token counts and for random-r); `seed` seeds random-r.
     Loads the scorer (entropy arms) or the tokenizer now, not on the first request."""
-    from histories.policies.rules import DeleteRule, EntropyRule, RandomRule
-    from histories.policies.scorer import ProxyScorer, ProxyTokenizer
-    from histories.policies.stepwise import StepwisePolicy
+    from compaction_bench.histories.policies.rules import DeleteRule, EntropyRule, RandomRule
+    from compaction_bench.histories.policies.scorer import ProxyScorer, ProxyTokenizer
+    from compaction_bench.histories.policies.stepwise import StepwisePolicy
 
     tokenizer = ProxyTokenizer.shared(scorer.model)
     rule: Any

@@ -27,9 +27,13 @@ from typing import Any
 
 import numpy as np
 
-from histories.policies.edits import EditOutcome
-from histories.policies.scorer import ProxyScorer, ProxyTokenizer, SegmentScores
-from histories.policies.segments import ReasoningSpan, join_segments, split_segments
+from compaction_bench.histories.policies.edits import EditOutcome
+from compaction_bench.histories.policies.scorer import ProxyScorer, ProxyTokenizer, SegmentScores
+from compaction_bench.histories.policies.segments import (
+    ReasoningSpan,
+    join_segments,
+    split_segments,
+)
 
 ICLR_RATIO = Fraction(4, 5)  # floor(0.8 N) of N segments, in exact arithmetic
 FENCE = "```"

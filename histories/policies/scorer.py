@@ -34,9 +34,9 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from common.errors import SuiteError
-from histories.policies.segments import Segment
-from serve.profile import Profile
+from compaction_bench.common.errors import SuiteError
+from compaction_bench.histories.policies.segments import Segment
+from compaction_bench.serve.profile import Profile
 
 PAPER_LIMIT_TOKENS = 42_000  # the full-context scorer's input limit in the paper
 
@@ -80,8 +80,8 @@ class SegmentScores:
 
 
 def _local_path(source: str) -> Path | str:
-    from serve.errors import ModelNotFoundError
-    from serve.model import resolve_model
+    from compaction_bench.serve.errors import ModelNotFoundError
+    from compaction_bench.serve.model import resolve_model
 
     try:
         return resolve_model(source)
@@ -152,7 +152,7 @@ class ProxyScorer:
     def entropy_implementation(self) -> str:
         import torch
 
-        from kernels.entropy import triton_ready
+        from compaction_bench.kernels.entropy import triton_ready
 
         return "fused-triton" if triton_ready(torch.device(self.device)) else "torch-reference"
 
@@ -174,7 +174,7 @@ class ProxyScorer:
         tokenizer add its special tokens (BOS) in front, for an input without a chat template."""
         import torch
 
-        from kernels.entropy import token_entropy
+        from compaction_bench.kernels.entropy import token_entropy
 
         waited = time.perf_counter()
         with self._lock:

@@ -1,6 +1,7 @@
 """What does the proxy scorer cost? Seconds per scoring call on this machine's device.
 
-    python -m histories.policies.scorer_bench [--repeat 5] [--model ...] [--device ...]
+    python -m compaction_bench.histories.policies.scorer_bench [--repeat 5] [--model ...] [--device
+    ...]
 
 One call scores a five-block reasoning text (blocks between blank lines, as the `entropy` arm
 splits them) after a history prefix of 0, 20 and 60 tool-result turns, as one call of the
@@ -17,9 +18,9 @@ from typing import Annotated
 
 import typer
 
-from common.errors import run_cli
-from histories.policies.scorer import ProxyScorer, ScorerConfig
-from histories.policies.segments import split_segments
+from compaction_bench.common.errors import run_cli
+from compaction_bench.histories.policies.scorer import ProxyScorer, ScorerConfig
+from compaction_bench.histories.policies.segments import split_segments
 
 app = typer.Typer(add_completion=False)
 BLOCK = ("I should read the test file first to see which cases fail, then open stats_utils.py "

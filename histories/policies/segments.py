@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from histories.format.reasoning import block_text, replace_block, thought_label
+from compaction_bench.histories.format.reasoning import block_text, replace_block, thought_label
 
 SKIP = "[SKIP]"  # what a removed segment becomes (ICLR, Appendix C.3)
 SEPARATOR = "\n\n"  # how kept and replaced segments are joined again

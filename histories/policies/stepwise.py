@@ -23,13 +23,13 @@ import time
 from collections.abc import Iterable
 from typing import Any, Protocol
 
-from common.timing import Clock, monotonic
-from histories.compaction.ledger import Ledger
-from histories.compaction.lexical import count_words
-from histories.policies.edits import PolicyEdit
-from histories.policies.rules import Decision, Step
-from histories.policies.scorer import ProxyTokenizer
-from histories.policies.segments import reasoning_span, with_reasoning
+from compaction_bench.common.timing import Clock, monotonic
+from compaction_bench.histories.compaction.ledger import Ledger
+from compaction_bench.histories.compaction.lexical import count_words
+from compaction_bench.histories.policies.edits import PolicyEdit
+from compaction_bench.histories.policies.rules import Decision, Step
+from compaction_bench.histories.policies.scorer import ProxyTokenizer
+from compaction_bench.histories.policies.segments import reasoning_span, with_reasoning
 
 
 class Rule(Protocol):

@@ -23,9 +23,9 @@ from typing import Any
 from minisweagent.exceptions import Submitted
 from pydantic import BaseModel, ConfigDict
 
-from common.errors import SuiteError
-from common.paths import study_root
-from histories.format.actions import FINAL_LINE_RE, JSON_FENCE_RE
+from compaction_bench.common.errors import SuiteError
+from compaction_bench.common.paths import study_root
+from compaction_bench.histories.format.actions import FINAL_LINE_RE, JSON_FENCE_RE
 
 SUBMIT_TOOL = "submit_final_answer"
 SYSTEM_TEMPLATE = """You are a careful decision analyst operating through function tools.

@@ -23,8 +23,8 @@ from typing import Any
 from jinja2 import StrictUndefined, Template
 from minisweagent.exceptions import FormatError
 
-from histories.format.actions import ID_PATTERN as _ID
-from histories.format.actions import JSON_FENCE_RE, has_final_line
+from compaction_bench.histories.format.actions import ID_PATTERN as _ID
+from compaction_bench.histories.format.actions import JSON_FENCE_RE, has_final_line
 
 FORMAT_ERROR_TEMPLATE = (
     "Format error: {{error}}. Reply with one THOUGHT line and then either exactly one tool call "

@@ -22,9 +22,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from common.errors import SuiteError
-from common.paths import tasks_root
-from histories.tasks.decision import (
+from compaction_bench.common.errors import SuiteError
+from compaction_bench.common.paths import tasks_root
+from compaction_bench.histories.tasks.decision import (
     DecisionTask,
     DecisionTaskError,
     default_tasks_path,

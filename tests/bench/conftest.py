@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.analysis.runfolder import (
+from compaction_bench.bench.analysis.runfolder import (
     ArmRecord,
     BlockRecord,
     MetricSample,
@@ -122,9 +122,11 @@ BenchCli = Callable[..., subprocess.CompletedProcess[str]]
 
 @pytest.fixture
 def bench_cli() -> BenchCli:
-    """`python -m bench.cli ...` as a user runs it (through the one error handler)."""
+    """`python -m compaction_bench.bench.cli ...` as a user runs it (through the one error
+    handler)."""
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "bench.cli", *args], capture_output=True,
+        return subprocess.run([sys.executable, "-m", "compaction_bench.bench.cli", *args],
+                              capture_output=True,
                               text=True, timeout=300, check=False)
 
     return run
@@ -149,7 +151,7 @@ def arm_generator() -> Callable[..., list[ArmRecord]]:
 @pytest.fixture(scope="session")
 def reported_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One synthetic run with serving records, reported once and shared read-only by tests."""
-    from bench.report.run_report import write_report
+    from compaction_bench.bench.report.run_report import write_report
 
     run = write_synthetic_run(tmp_path_factory.mktemp("reported") / "run-r", blocks=4)
     write_report(run)

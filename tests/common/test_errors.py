@@ -7,11 +7,11 @@ import sys
 
 import pytest
 
-from common.errors import ExitCode
-from common.net import api_url, free_port, server_url
+from compaction_bench.common.errors import ExitCode
+from compaction_bench.common.net import api_url, free_port, server_url
 
 
-def run(*args: str, module: str = "bench.cli") -> subprocess.CompletedProcess[str]:
+def run(*args: str, module: str = "compaction_bench.bench.cli") -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", module, *args], capture_output=True,
                           text=True, timeout=120, check=False)
 
@@ -42,7 +42,7 @@ def test_bench_cli_failures_are_one_line(args: tuple[str, ...], code: int, needl
 
 
 def test_histories_cli_unknown_task_is_one_line() -> None:
-    result = run("arms", "--task", "nope", module="histories.cli")
+    result = run("arms", "--task", "nope", module="compaction_bench.histories.cli")
     assert result.returncode == ExitCode.USAGE
     assert "no clean history" in last_line(result) or "unknown task" in last_line(result)
 

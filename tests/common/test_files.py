@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from common.files import (
+from compaction_bench.common.files import (
     SCHEMA,
     JsonlWriter,
     RecordWriteError,

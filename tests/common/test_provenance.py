@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from common.provenance import git_commit, host_facts, package_versions
+from compaction_bench.common.provenance import git_commit, host_facts, package_versions
 
 
 def test_git_commit_of_this_checkout() -> None:

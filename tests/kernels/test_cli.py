@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels.costmodel import fit_phases
-from kernels.limits import measured_limits
-from kernels.resultfile import file_name, new_document, slug, write_results
-from kernels.shapes import shape_for_profile
+from compaction_bench.kernels.costmodel import fit_phases
+from compaction_bench.kernels.limits import measured_limits
+from compaction_bench.kernels.resultfile import file_name, new_document, slug, write_results
+from compaction_bench.kernels.shapes import shape_for_profile
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -23,7 +23,8 @@ NEEDS_NO_GPU = pytest.mark.skipif(torch.cuda.is_available(),
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "kernels.cli", *args], cwd=REPO, env=ENV,
+    return subprocess.run([sys.executable, "-m", "compaction_bench.kernels.cli", *args], cwd=REPO,
+                          env=ENV,
                           capture_output=True, text=True, timeout=300)
 
 

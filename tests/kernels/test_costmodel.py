@@ -9,10 +9,15 @@ from typing import Any
 
 import pytest
 
-from kernels.costmodel import fit_phases, load
-from kernels.limits import limits_for, measured_limits
-from kernels.resultfile import ResultsError, new_document, read_results, write_results
-from kernels.shapes import shape_for_profile
+from compaction_bench.kernels.costmodel import fit_phases, load
+from compaction_bench.kernels.limits import limits_for, measured_limits
+from compaction_bench.kernels.resultfile import (
+    ResultsError,
+    new_document,
+    read_results,
+    write_results,
+)
+from compaction_bench.kernels.shapes import shape_for_profile
 
 A, B, C = 0.05, 6e-4, 4e-8
 S0, S1, S2 = 0.04, 2e-3, 1.5e-6

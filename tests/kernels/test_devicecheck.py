@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels.devicecheck import run_device_check
-from kernels.resultfile import read_results
+from compaction_bench.kernels.devicecheck import run_device_check
+from compaction_bench.kernels.resultfile import read_results
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(),

@@ -14,7 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels.entropy import ATOL, RTOL, entropy_reference, entropy_unfused, token_entropy
+from compaction_bench.kernels.entropy import (
+    ATOL,
+    RTOL,
+    entropy_reference,
+    entropy_unfused,
+    token_entropy,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 NO_GPU = "the fused Triton kernel needs a CUDA GPU (it is checked here through Triton's " \
@@ -72,7 +78,7 @@ def test_large_vocabulary_never_holds_a_float32_copy_of_the_whole_input() -> Non
     version would add 1.5 GiB)."""
     script = textwrap.dedent("""
         import resource, torch
-        from kernels.entropy import entropy_reference
+        from compaction_bench.kernels.entropy import entropy_reference
         logits = torch.empty(512, 262144, dtype=torch.bfloat16).normal_()
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         h = entropy_reference(logits)
@@ -92,8 +98,8 @@ def test_fused_kernel_under_the_triton_interpreter() -> None:
     needed): masked tokens, uniform rows, bf16 input, strided rows, several blocks per row."""
     script = textwrap.dedent("""
         import math, torch
-        from kernels.entropy import ATOL, RTOL, entropy_reference
-        from kernels.fused_entropy import fused_entropy
+        from compaction_bench.kernels.entropy import ATOL, RTOL, entropy_reference
+        from compaction_bench.kernels.fused_entropy import fused_entropy
         g = torch.Generator().manual_seed(0)
         x = torch.randn(4, 5000, generator=g) * 4
         x[0, :100] = float("-inf")
@@ -122,7 +128,7 @@ def test_fused_kernel_under_the_triton_interpreter() -> None:
     (257, 49152, torch.bfloat16), (64, 151936, torch.float16), (33, 262144, torch.float32)])
 def test_fused_kernel_agrees_with_the_reference_on_gpu(rows: int, vocab: int,
                                                        dtype: torch.dtype) -> None:
-    from kernels.fused_entropy import fused_entropy
+    from compaction_bench.kernels.fused_entropy import fused_entropy
 
     generator = torch.Generator(device="cuda").manual_seed(0)
     logits = (torch.randn(rows, vocab, generator=generator, device="cuda") * 4).to(dtype)

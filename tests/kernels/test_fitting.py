@@ -9,9 +9,18 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kernels.fitting import Family, Linear, Point, Roofline, ape, choose, evaluate, kfold
-from kernels.limits import measured_limits
-from kernels.shapes import decode_work, prefill_work, shape_for_profile
+from compaction_bench.kernels.fitting import (
+    Family,
+    Linear,
+    Point,
+    Roofline,
+    ape,
+    choose,
+    evaluate,
+    kfold,
+)
+from compaction_bench.kernels.limits import measured_limits
+from compaction_bench.kernels.shapes import decode_work, prefill_work, shape_for_profile
 
 PREFILL = {"a_s": 0.05, "b_s_per_token": 6e-4, "c_s_per_token_pair": 4e-8}
 DECODE = {"s0_s": 0.04, "s1_s_per_seq": 2e-3, "s2_s_per_seq_token": 1.5e-6}

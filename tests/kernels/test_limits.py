@@ -7,7 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from kernels.limits import DeviceLimits, LimitsError, limits_for, load_limits, measured_limits
+from compaction_bench.kernels.limits import (
+    DeviceLimits,
+    LimitsError,
+    limits_for,
+    load_limits,
+    measured_limits,
+)
 
 
 def test_shipped_table_has_the_three_gpus_with_sources() -> None:

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from common.files import write_json_atomic
-from kernels.micro import MicroConfig, run_micro
-from kernels.shapes import shape_for_profile
-from kernels.stopwatch import Stopwatch, quantile
+from compaction_bench.common.files import write_json_atomic
+from compaction_bench.kernels.micro import MicroConfig, run_micro
+from compaction_bench.kernels.shapes import shape_for_profile
+from compaction_bench.kernels.stopwatch import Stopwatch, quantile
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -71,7 +71,13 @@ def test_fp8_on_a_cpu_is_recorded_as_unsupported_not_skipped() -> None:
 def test_triton_bandwidth_kernels_under_the_interpreter() -> None:
     script = textwrap.dedent("""
         import torch
-        from kernels.triton_copy import BLOCK, ITERS, read_partials, triton_copy, triton_read
+        from compaction_bench.kernels.triton_copy import (
+            BLOCK,
+            ITERS,
+            read_partials,
+            triton_copy,
+            triton_read,
+        )
         n = BLOCK * ITERS * 2 + 123  # more than one program, and a ragged tail
         src = torch.rand(n)
         dst = torch.empty_like(src)

@@ -9,8 +9,8 @@ import secrets
 import numpy as np
 import pytest
 
-from kernels.probe import ProbeConfig, decode_levels, prefill_levels, server_facts
-from serve.launcher import Server
+from compaction_bench.kernels.probe import ProbeConfig, decode_levels, prefill_levels, server_facts
+from compaction_bench.serve.launcher import Server
 
 pytestmark = pytest.mark.integration
 

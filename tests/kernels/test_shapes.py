@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernels.shapes import (
+from compaction_bench.kernels.shapes import (
     ModelShape,
     ShapeError,
     active_params,

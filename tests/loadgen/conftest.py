@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from loadgen.fakeprocess import FakeConfig, FakeProcess
+from compaction_bench.loadgen.fakeprocess import FakeConfig, FakeProcess
 
 
 @pytest.fixture(scope="module")

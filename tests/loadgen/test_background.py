@@ -9,16 +9,16 @@ from pathlib import Path
 import psutil
 import pytest
 
-from common.files import read_jsonl
-from loadgen.background import (
+from compaction_bench.common.files import read_jsonl
+from compaction_bench.loadgen.background import (
     BackgroundConfig,
     BackgroundLoad,
     BackgroundLoadError,
     ReplayOptions,
 )
-from loadgen.fakeprocess import FakeProcess
-from loadgen.metrics import MetricsSampler
-from serve.launcher import Server
+from compaction_bench.loadgen.fakeprocess import FakeProcess
+from compaction_bench.loadgen.metrics import MetricsSampler
+from compaction_bench.serve.launcher import Server
 
 # the fake server's per-request override keeps replayed turns (up to ~2400 tokens) short
 FAST = ReplayOptions(default_tool_gap_s=0.2, pace_tokens_per_s=2000,

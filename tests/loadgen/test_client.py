@@ -11,10 +11,17 @@ from collections.abc import Iterator
 
 import pytest
 
-from common.net import free_port
-from loadgen.client import RequestRecord, Response, StreamClient, abort_all, prepare, send_once
-from loadgen.fakeprocess import FakeProcess
-from loadgen.sse import Dechunker, SSEDecoder
+from compaction_bench.common.net import free_port
+from compaction_bench.loadgen.fakeprocess import FakeProcess
+from compaction_bench.transport.client import (
+    RequestRecord,
+    Response,
+    StreamClient,
+    abort_all,
+    prepare,
+    send_once,
+)
+from compaction_bench.transport.sse import Dechunker, SSEDecoder
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import types
 from pathlib import Path
 
-from common.files import read_jsonl
-from loadgen.gpu import GpuSampler
+from compaction_bench.common.files import read_jsonl
+from compaction_bench.loadgen.gpu import GpuSampler
 
 
 def test_no_gpu_writes_one_line_and_samples_nothing(tmp_path: Path) -> None:

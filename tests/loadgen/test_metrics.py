@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from common.files import SCHEMA, read_jsonl
-from loadgen.fakeprocess import FakeProcess
-from loadgen.metrics import MetricsSampler, parse_metrics
-from serve.launcher import Server
+from compaction_bench.common.files import SCHEMA, read_jsonl
+from compaction_bench.loadgen.fakeprocess import FakeProcess
+from compaction_bench.loadgen.metrics import MetricsSampler, parse_metrics
+from compaction_bench.serve.launcher import Server
 
 TEXT = """# TYPE vllm:num_requests_running gauge
 vllm:num_requests_running{engine="0",model_name="target"} 3.0

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from loadgen.client import StreamClient, prepare
-from loadgen.prefixhash import UNIT, common_prefix, prefix_label, unit_hashes
+from compaction_bench.transport.client import StreamClient, prepare
+from compaction_bench.transport.prefixhash import UNIT, common_prefix, prefix_label, unit_hashes
 
 
 def test_unit_hashes_are_chained_and_say_how_much_two_sequences_share() -> None:

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from common.paths import histories_root
-from histories.format.history import load_history
-from loadgen.background import ReplayOptions
-from loadgen.schedule import default_history_paths, load_schedules, schedule_history
+from compaction_bench.common.paths import histories_root
+from compaction_bench.histories.format.history import load_history
+from compaction_bench.loadgen.background import ReplayOptions
+from compaction_bench.loadgen.schedule import (
+    default_history_paths,
+    load_schedules,
+    schedule_history,
+)
 
 ROOT = histories_root()
 VACCINE = next(p for p in default_history_paths(ROOT) if "vaccine" in str(p))

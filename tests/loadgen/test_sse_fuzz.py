@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from loadgen.client import StreamClient, prepare
-from loadgen.sse import Dechunker, SSEDecoder
+from compaction_bench.transport.client import StreamClient, prepare
+from compaction_bench.transport.sse import Dechunker, SSEDecoder
 
 
 def reference_events(data: bytes) -> list[bytes]:

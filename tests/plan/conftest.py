@@ -20,9 +20,14 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-from bench.analysis.runfolder import ArmRecord, BlockRecord, write_json, write_records
-from common.files import JsonlWriter
-from loadgen.request import RequestRecord
+from compaction_bench.bench.analysis.runfolder import (
+    ArmRecord,
+    BlockRecord,
+    write_json,
+    write_records,
+)
+from compaction_bench.common.files import JsonlWriter
+from compaction_bench.transport.request import RequestRecord
 
 
 @dataclass(frozen=True)

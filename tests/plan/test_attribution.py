@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from loadgen.request import RequestRecord
-from plan.attribution import Attribution, request_key
+from compaction_bench.plan.attribution import Attribution, request_key
+from compaction_bench.transport.request import RequestRecord
 
 
 def _r(source: str, start: float, end: float, block: int | None = 1) -> RequestRecord:

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from plan.breakeven import break_even, pairs, time_and_cost
-from plan.observations import Continuation
+from compaction_bench.plan.breakeven import break_even, pairs, time_and_cost
+from compaction_bench.plan.observations import Continuation
 
 
 def test_known_saving_and_rewrite_give_the_known_break_even() -> None:

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from plan.capacity import gpus_needed
-from plan.planner import build_plan
-from plan.settings import PlanConfig
+from compaction_bench.plan.capacity import gpus_needed
+from compaction_bench.plan.planner import build_plan
+from compaction_bench.plan.settings import PlanConfig
 
 
 def _plan(run: Path, slo: str, **kw: Any) -> Any:

@@ -1,4 +1,5 @@
-"""`make plan` as a user runs it: `python -m plan.cli RUN_DIR`, on a sweep, on the study's
+"""`make plan` as a user runs it: `python -m compaction_bench.plan.cli RUN_DIR`, on a sweep, on the
+study's
 imported B300 records (no sweep), and on bad input."""
 
 from __future__ import annotations
@@ -9,13 +10,14 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.analysis.study import import_study
-from plan.planfile import PLAN_SCHEMA, PLAN_SCHEMA_VERSION
-from plan.planner import NO_SWEEP
+from compaction_bench.bench.analysis.study import import_study
+from compaction_bench.plan.planfile import PLAN_SCHEMA, PLAN_SCHEMA_VERSION
+from compaction_bench.plan.planner import NO_SWEEP
 
 
 def plan_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "plan.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "compaction_bench.plan.cli", *args],
+                          capture_output=True,
                           text=True, timeout=300, check=False)
 
 

@@ -23,8 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from plan.planner import build_plan
-from plan.settings import PlanConfig
+from compaction_bench.plan.planner import build_plan
+from compaction_bench.plan.settings import PlanConfig
 
 REPETITIONS = int(os.environ.get("PLAN_COVERAGE_REPETITIONS", "60"))
 RESAMPLES = int(os.environ.get("PLAN_COVERAGE_RESAMPLES", "400"))

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from plan.curve import CurveBatch, MonotoneCurve, isotonic, leave_one_level_out
+from compaction_bench.plan.curve import CurveBatch, MonotoneCurve, isotonic, leave_one_level_out
 
 
 def test_isotonic_pools_a_dip_by_weight() -> None:

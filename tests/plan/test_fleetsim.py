@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.paths import repo_root
-from plan.fleetsim import Step, Trace, simulate
+from compaction_bench.common.paths import repo_root
+from compaction_bench.plan.fleetsim import Step, Trace, simulate
 
 CPU_COSTS = (repo_root() / "kernels" / "results" /
              "cpu-intel-xeon-processor-2c__smollm2-135m-instruct__vllm-0.32.0.json")
@@ -47,7 +47,7 @@ def test_rewriting_inside_the_gaps_is_not_postfork_time() -> None:
 
 
 def test_the_cpu_cost_model_predicts_slower_agents_in_a_bigger_fleet() -> None:
-    from kernels.costmodel import load
+    from compaction_bench.kernels.costmodel import load
 
     assert Path(CPU_COSTS).is_file(), CPU_COSTS
     costs = load(CPU_COSTS)

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from plan.resampling import interval, quantile, quantile_weights, smoothed
+from compaction_bench.plan.resampling import interval, quantile, quantile_weights, smoothed
 
 
 def test_harrell_davis_weights_and_estimate() -> None:

@@ -10,16 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from common.errors import ExitCode
-from serve.errors import EngineUnavailableError, ModelNotFoundError, PortInUseError
-from serve.hardware import detect_gpus
-from serve.launcher import check_engine, check_port
-from serve.model import resolve_model
-from serve.profile import load_profile
+from compaction_bench.common.errors import ExitCode
+from compaction_bench.serve.errors import EngineUnavailableError, ModelNotFoundError, PortInUseError
+from compaction_bench.serve.hardware import detect_gpus
+from compaction_bench.serve.launcher import check_engine, check_port
+from compaction_bench.serve.model import resolve_model
+from compaction_bench.serve.profile import load_profile
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "serve.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "compaction_bench.serve.cli", *args],
+                          capture_output=True,
                           text=True, timeout=120, env={**os.environ, **(env or {})}, check=False)
 
 

@@ -8,11 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from common.paths import repo_root
-from serve.command import ALWAYS_ON, ServerConfig, build_command
-from serve.errors import EngineUnavailableError, ProfileError
-from serve.profile import PROFILE_DIR, default_profile, known_profiles, load_profile
-from serve.versions import check_vllm_version
+from compaction_bench.common.paths import repo_root
+from compaction_bench.serve.command import ALWAYS_ON, ServerConfig, build_command
+from compaction_bench.serve.errors import EngineUnavailableError, ProfileError
+from compaction_bench.serve.profile import (
+    PROFILE_DIR,
+    default_profile,
+    known_profiles,
+    load_profile,
+)
+from compaction_bench.serve.versions import check_vllm_version
 
 SHIPPED = {
     "cpu-tiny",
@@ -184,7 +189,7 @@ def test_dry_run_prints_command_environment_and_plan_for_every_profile() -> None
     for name in known_profiles():
         if load_profile(name).engine == "fake":  # no vLLM command: see the fake test below
             continue
-        result = subprocess.run([sys.executable, "-m", "serve.cli", "show", name],
+        result = subprocess.run([sys.executable, "-m", "compaction_bench.serve.cli", "show", name],
                                 capture_output=True, text=True, timeout=120, check=False)
         assert result.returncode == 0, result.stderr
         out = result.stdout
@@ -197,7 +202,8 @@ def test_dry_run_prints_command_environment_and_plan_for_every_profile() -> None
 
 def test_makefile_serve_has_a_dry_run_that_calls_show() -> None:
     makefile = (repo_root() / "Makefile").read_text()
-    assert "ifdef DRY_RUN" in makefile and "-m serve.cli show $(PROFILE)" in makefile
+    assert "ifdef DRY_RUN" in makefile
+    assert "-m compaction_bench.serve.cli show $(PROFILE)" in makefile
 
 
 def test_opt_in_features_reach_the_command_only_when_on() -> None:
@@ -247,5 +253,5 @@ def test_cuda_extra_pins_the_checked_minor_version() -> None:
 def test_fake_engine_profile_runs_the_suite_fake_server_not_vllm() -> None:
     profile = load_profile("fake-faults")
     cmd = build_command(ServerConfig(profile=profile, port=8123), "fake")
-    assert cmd[1:3] == ["-m", "loadgen.fakeserver"] and "vllm" not in " ".join(cmd)
+    assert cmd[1:3] == ["-m", "compaction_bench.loadgen.fakeserver"] and "vllm" not in " ".join(cmd)
     assert cmd[cmd.index("--port") + 1] == "8123" and "--ttft-ms" in cmd

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import vllm
 
-from serve.command import ServerConfig, build_command
-from serve.profile import known_profiles, load_profile
+from compaction_bench.serve.command import ServerConfig, build_command
+from compaction_bench.serve.profile import known_profiles, load_profile
 
 
 @functools.cache

@@ -9,8 +9,8 @@ from pathlib import Path
 from hypothesis import event, example, given
 from hypothesis import strategies as st
 
-from serve.errors import ProfileError
-from serve.profile import PROFILE_DIR, Profile, load_profile
+from compaction_bench.serve.errors import ProfileError
+from compaction_bench.serve.profile import PROFILE_DIR, Profile, load_profile
 
 SHIPPED = (PROFILE_DIR / "cpu-tiny.toml").read_text(encoding="utf-8")
 # Values a hand-edited profile could hold where another type belongs, and TOML's corner cases.

@@ -13,15 +13,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from common.errors import ExitCode
-from common.net import free_port
-from loadgen.fakeprocess import FakeConfig, FakeProcess
-from serve.command import ServerConfig, build_command, build_env
-from serve.launcher import Server
-from serve.model import resolve_model
-from serve.process import process_tree, terminate_group
-from serve.profile import load_profile
-from serve.selfcheck import SelfCheckError, run_selfcheck, selfcheck_plan
+from compaction_bench.common.errors import ExitCode
+from compaction_bench.common.net import free_port
+from compaction_bench.loadgen.fakeprocess import FakeConfig, FakeProcess
+from compaction_bench.serve.command import ServerConfig, build_command, build_env
+from compaction_bench.serve.launcher import Server
+from compaction_bench.serve.model import resolve_model
+from compaction_bench.serve.process import process_tree, terminate_group
+from compaction_bench.serve.profile import load_profile
+from compaction_bench.serve.selfcheck import SelfCheckError, run_selfcheck, selfcheck_plan
 
 
 def _first_line_names_the_cache(message: str) -> None:
@@ -100,7 +100,8 @@ def test_plan_follows_the_profile_block_size_and_retention() -> None:
 def test_cli_check_ends_in_one_line_with_the_cache_message() -> None:
     with FakeProcess(FakeConfig(cached_tokens=0, ttft_ms=1, itl_ms=1)) as fake:
         result = subprocess.run(
-            [sys.executable, "-m", "serve.cli", "check", "--profile", "cpu-tiny", "--base-url",
+            [sys.executable, "-m", "compaction_bench.serve.cli", "check", "--profile", "cpu-tiny",
+             "--base-url",
              fake.api_url], capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == ExitCode.UNAVAILABLE, result.stderr
     assert "Traceback" not in result.stderr

@@ -15,12 +15,12 @@ import psutil
 import pytest
 from openai import NotFoundError, OpenAI
 
-from common.net import free_port
-from common.paths import repo_root
-from serve.errors import ServerStartError
-from serve.launcher import Server, ServerConfig, start_server
-from serve.process import group_members
-from serve.profile import load_profile
+from compaction_bench.common.net import free_port
+from compaction_bench.common.paths import repo_root
+from compaction_bench.serve.errors import ServerStartError
+from compaction_bench.serve.launcher import Server, ServerConfig, start_server
+from compaction_bench.serve.process import group_members
+from compaction_bench.serve.profile import load_profile
 
 pytestmark = pytest.mark.integration
 
@@ -116,7 +116,8 @@ def test_foreground_serve_ctrl_c_stops_every_process(tmp_path: Path) -> None:
     port = free_port()
     env = {**os.environ, "API_KEY": "test-key", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "serve.cli", "run", "--profile", "cpu-tiny", "--port", str(port),
+        [sys.executable, "-m", "compaction_bench.serve.cli", "run", "--profile", "cpu-tiny",
+         "--port", str(port),
          "--fast-start"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
         # a background job of a non-interactive shell (CI, nohup) starts with SIGINT ignored,
@@ -145,14 +146,16 @@ def test_foreground_serve_ctrl_c_stops_every_process(tmp_path: Path) -> None:
     _assert_gone(tree)
 
     started = subprocess.run(
-        [sys.executable, "-m", "serve.cli", "run", "--profile", "cpu-tiny", "--port", str(port),
+        [sys.executable, "-m", "compaction_bench.serve.cli", "run", "--profile", "cpu-tiny",
+         "--port", str(port),
          "--fast-start",
          "--background"], capture_output=True, text=True, timeout=600, check=False)
     assert started.returncode == 0, started.stderr
     pid = int(re.search(r"pid (\d+)", started.stdout).group(1))  # type: ignore[union-attr]
     tree = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
     assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).status_code == 200
-    stopped = subprocess.run([sys.executable, "-m", "serve.cli", "stop", "--port", str(port)],
+    stopped = subprocess.run([sys.executable, "-m", "compaction_bench.serve.cli", "stop",
+                              "--port", str(port)],
                              capture_output=True, text=True, timeout=120, check=False)
     assert f"stopped server on port {port}" in stopped.stdout
     _assert_gone(tree)

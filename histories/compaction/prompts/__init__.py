@@ -10,7 +10,7 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.errors import SuiteError
+from compaction_bench.common.errors import SuiteError
 
 PROMPT_DIR = Path(__file__).parent
 REWRITE_PROMPTS = ("telegraphic", "telegraphic-evidence", "telegraphic-evidence-a3")

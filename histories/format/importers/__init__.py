@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from histories.format.history import History, parse_json_file, refusal
-from histories.format.importers.minisweagent import (
+from compaction_bench.histories.format.history import History, parse_json_file, refusal
+from compaction_bench.histories.format.importers.minisweagent import (
     V1_FORMAT,
     V2_FORMAT,
     import_minisweagent_v1,
@@ -28,13 +28,16 @@ from histories.format.importers.minisweagent import (
     minisweagent_from_data,
     openai_messages_from_data,
 )
-from histories.format.importers.study import (
+from compaction_bench.histories.format.importers.study import (
     import_study_record,
     is_study_record,
     study_histories_from_data,
     write_study_histories,
 )
-from histories.format.importers.sweagent import import_swe_agent, sweagent_from_data
+from compaction_bench.histories.format.importers.sweagent import (
+    import_swe_agent,
+    sweagent_from_data,
+)
 
 __all__ = [
     "detect_format",

@@ -12,14 +12,18 @@ import copy
 from pathlib import Path
 from typing import Any
 
-from histories.format.history import (
+from compaction_bench.histories.format.history import (
     HISTORY_FORMAT,
     HISTORY_VERSION,
     History,
     parse_json_file,
     refusal,
 )
-from histories.format.importers.normalize import build_history, default_task, source_record
+from compaction_bench.histories.format.importers.normalize import (
+    build_history,
+    default_task,
+    source_record,
+)
 
 V2_FORMAT = "mini-swe-agent-1.1"
 V1_FORMAT = "mini-swe-agent-1"

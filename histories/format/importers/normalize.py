@@ -12,8 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from common.paths import repo_root
-from histories.format.history import (
+from compaction_bench.common.paths import repo_root
+from compaction_bench.histories.format.history import (
     Fork,
     History,
     message_action,

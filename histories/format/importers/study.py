@@ -21,8 +21,14 @@ import copy
 from pathlib import Path
 from typing import Any
 
-from histories.format.history import History, HistoryError, parse_json_file, refusal, save_history
-from histories.format.importers.normalize import build_history, source_record
+from compaction_bench.histories.format.history import (
+    History,
+    HistoryError,
+    parse_json_file,
+    refusal,
+    save_history,
+)
+from compaction_bench.histories.format.importers.normalize import build_history, source_record
 
 BRANCH_ARMS = {"clean": "clean", "rewritten": "external"}
 SAMPLING_KEYS = ("model", "tool_choice", "reasoning", "include_reasoning", "temperature",

@@ -15,8 +15,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from histories.format.history import History, parse_json_file, refusal
-from histories.format.importers.normalize import build_history, default_task, source_record
+from compaction_bench.histories.format.history import History, parse_json_file, refusal
+from compaction_bench.histories.format.importers.normalize import (
+    build_history,
+    default_task,
+    source_record,
+)
 
 
 def _history_message(item: dict[str, Any]) -> dict[str, Any]:

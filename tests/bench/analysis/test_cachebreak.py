@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bench.analysis.cachebreak import cache_accounting, kv_block_size
-from bench.analysis.runfolder import (
+from compaction_bench.bench.analysis.cachebreak import cache_accounting, kv_block_size
+from compaction_bench.bench.analysis.runfolder import (
     ArmRecord,
     BlockRecord,
     RequestRecord,
@@ -16,7 +16,7 @@ from bench.analysis.runfolder import (
     write_json,
     write_records,
 )
-from loadgen.prefixhash import prefix_label
+from compaction_bench.transport.prefixhash import prefix_label
 
 P0 = list(range(1000, 1070))  # a 70-token prompt
 C0 = list(range(2000, 2010))  # its 10-token reply

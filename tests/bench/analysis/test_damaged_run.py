@@ -7,7 +7,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.report.run_report import write_report
+from compaction_bench.bench.report.run_report import write_report
 
 
 def _lines(path: Path) -> list[str]:

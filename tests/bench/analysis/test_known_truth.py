@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.analysis.paired import analyze
-from bench.analysis.runfolder import ArmRecord, read_run
-from bench.analysis.stats import paired_change
+from compaction_bench.bench.analysis.paired import analyze
+from compaction_bench.bench.analysis.runfolder import ArmRecord, read_run
+from compaction_bench.bench.analysis.stats import paired_change
 
 TRUE_CHANGE = -25.0  # ratio 0.75 with symmetric log-noise: the median paired change is -25%
 

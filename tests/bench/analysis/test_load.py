@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from bench.analysis.load import block_load
-from bench.analysis.runfolder import LoadSample, MetricSample
-from loadgen.request import RequestRecord
+from compaction_bench.bench.analysis.load import block_load
+from compaction_bench.bench.analysis.runfolder import LoadSample, MetricSample
+from compaction_bench.transport.request import RequestRecord
 
 
 def background(i: int, sent: float, end: float, status: str = "ok",

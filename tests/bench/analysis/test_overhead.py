@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.analysis.overhead import TARGET_RATIO, harness_overhead, overhead_lines
-from bench.analysis.runfolder import (
+from compaction_bench.bench.analysis.overhead import TARGET_RATIO, harness_overhead, overhead_lines
+from compaction_bench.bench.analysis.runfolder import (
     ArmRecord,
     BlockRecord,
     PhaseRecord,

@@ -5,8 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.analysis.paired import analyze
-from bench.analysis.runfolder import ArmRecord, BlockRecord, read_run, write_json, write_records
+from compaction_bench.bench.analysis.paired import analyze
+from compaction_bench.bench.analysis.runfolder import (
+    ArmRecord,
+    BlockRecord,
+    read_run,
+    write_json,
+    write_records,
+)
 
 
 def arm(block: int, name: str, postfork: float, turns: int, tokens: int,

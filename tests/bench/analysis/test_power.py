@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from bench.analysis.power import blocks_for_power, detection_rate, false_positive_rate, noise_sigma
+from compaction_bench.bench.analysis.power import (
+    blocks_for_power,
+    detection_rate,
+    false_positive_rate,
+    noise_sigma,
+)
 
 
 @pytest.mark.parametrize("blocks", [5, 25])

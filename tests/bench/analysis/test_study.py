@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from bench.analysis.study import StudySourceError, default_source, import_study
-from bench.report.run_report import report_study
-from common.paths import data_root, repo_root
+from compaction_bench.bench.analysis.study import StudySourceError, default_source, import_study
+from compaction_bench.bench.report.run_report import report_study
+from compaction_bench.common.paths import data_root, repo_root
 
 # Published figures, in percent (paired median change vs clean) and seconds.
 TARGETS = {
@@ -123,7 +123,8 @@ def test_report_study_runs_from_anywhere(tmp_path: Path) -> None:
     """`make report-study` as a user runs it: from another folder, nothing beside the repo."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("COMPBENCH_")}
     done = subprocess.run(
-        [sys.executable, "-m", "bench.cli", "report-study", "--out", str(tmp_path / "s")],
+        [sys.executable, "-m", "compaction_bench.bench.cli", "report-study", "--out",
+         str(tmp_path / "s")],
         cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
         env={**env, "COMPBENCH_RESULTS": str(tmp_path)})
     assert done.returncode == 0, done.stderr

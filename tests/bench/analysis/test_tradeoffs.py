@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.analysis.paired import analyze, comparison_rng
-from bench.analysis.runfolder import (
+from compaction_bench.bench.analysis.paired import analyze, comparison_rng
+from compaction_bench.bench.analysis.runfolder import (
     ArmRecord,
     BlockRecord,
     RequestRecord,
@@ -16,8 +16,8 @@ from bench.analysis.runfolder import (
     write_json,
     write_records,
 )
-from bench.analysis.tradeoffs import compare_policies, success_change
-from bench.report.run_report import write_report
+from compaction_bench.bench.analysis.tradeoffs import compare_policies, success_change
+from compaction_bench.bench.report.run_report import write_report
 
 BLOCKS = 4
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from bench.faults.cli import ALL_ROWS, run_rows
-from bench.faults.harness import FaultResult
-from bench.faults.rows import Row
+from compaction_bench.bench.faults.cli import ALL_ROWS, run_rows
+from compaction_bench.bench.faults.harness import FaultResult
+from compaction_bench.bench.faults.rows import Row
 
 
 @pytest.fixture(scope="module")

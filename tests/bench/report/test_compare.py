@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from bench.report.compare import RunMismatchError, compare_runs
+from compaction_bench.bench.report.compare import RunMismatchError, compare_runs
 
 
 def test_compares_matching_runs(make_run: Callable[..., Path], tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.report.run_report import write_report
+from compaction_bench.bench.report.run_report import write_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

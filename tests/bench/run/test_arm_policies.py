@@ -11,19 +11,19 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from bench.run.arm import ArmError, AttemptContext, arm_for, check_on_the_wire
-from bench.run.config import BenchConfig
-from common.errors import ExitCode
-from common.paths import histories_root, repo_root
-from histories.agent.chat import config_for_profile
-from histories.compaction.arms import write_arms
-from histories.compaction.compactor import self_compressor
-from histories.compaction.ledger import Ledger
-from histories.format.history import load_history
-from histories.policies.armfile import write_policy_arms
-from histories.policies.scorer import ScorerConfig
-from histories.tasks.task import load_task
-from serve.profile import load_profile
+from compaction_bench.bench.run.arm import ArmError, AttemptContext, arm_for, check_on_the_wire
+from compaction_bench.bench.run.config import BenchConfig
+from compaction_bench.common.errors import ExitCode
+from compaction_bench.common.paths import histories_root, repo_root
+from compaction_bench.histories.agent.chat import config_for_profile
+from compaction_bench.histories.compaction.arms import write_arms
+from compaction_bench.histories.compaction.compactor import self_compressor
+from compaction_bench.histories.compaction.ledger import Ledger
+from compaction_bench.histories.format.history import load_history
+from compaction_bench.histories.policies.armfile import write_policy_arms
+from compaction_bench.histories.policies.scorer import ScorerConfig
+from compaction_bench.histories.tasks.task import load_task
+from compaction_bench.serve.profile import load_profile
 
 POLICIES = ["entropy", "step-entropy", "delete-all-thinking", "keep-latest", "random-30"]
 URL = "http://127.0.0.1:9/v1"  # nothing is sent: the first requests are only built
@@ -67,7 +67,8 @@ def test_an_unknown_arm_name_is_refused_before_anything_starts() -> None:
     with pytest.raises(ValidationError, match="unknown arm 'entropi'; known arms: clean"):
         BenchConfig(arms=("clean", "entropi"))
     assert BenchConfig(arms=("clean", "random-10", "self-every-4")).arms[1] == "random-10"
-    done = subprocess.run([sys.executable, "-m", "bench.cli", "run", "--arms", "clean,entropi",
+    done = subprocess.run([sys.executable, "-m", "compaction_bench.bench.cli", "run", "--arms",
+                           "clean,entropi",
                            "--base-url", URL], cwd=repo_root(), capture_output=True, text=True,
                           timeout=120, check=False)
     assert done.returncode == ExitCode.USAGE

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from common.paths import repo_root
-from serve.launcher import Server
+from compaction_bench.common.paths import repo_root
+from compaction_bench.serve.launcher import Server
 
 pytestmark = pytest.mark.integration
 ROOT = repo_root()
@@ -25,7 +25,7 @@ ROOT = repo_root()
 
 def run_bench(server: Server, tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "bench.cli", "run", "--profile", "cpu-tiny",
+        [sys.executable, "-m", "compaction_bench.bench.cli", "run", "--profile", "cpu-tiny",
          "--base-url", server.api_url, "--external-url", server.api_url, "--step-limit", "2",
          *args], cwd=ROOT, capture_output=True, text=True, timeout=900, check=False,
         env={**os.environ, "COMPBENCH_RESULTS": str(tmp)})

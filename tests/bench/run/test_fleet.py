@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from bench.run.fleet import Fleet, continuation_block
+from compaction_bench.bench.run.fleet import Fleet, continuation_block
 
 
 def test_continuation_numbers_are_unique_and_shared_across_arms() -> None:

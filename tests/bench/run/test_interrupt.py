@@ -9,14 +9,15 @@ import sys
 import time
 from pathlib import Path
 
-from common.net import free_port
-from common.paths import repo_root
-from loadgen.fakeprocess import FakeConfig, FakeProcess
+from compaction_bench.common.net import free_port
+from compaction_bench.common.paths import repo_root
+from compaction_bench.loadgen.fakeprocess import FakeConfig, FakeProcess
 
 
 def bench(tmp: Path, url: str, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "bench.cli", "run", "--profile", "cpu-tiny", "--base-url", url,
+        [sys.executable, "-m", "compaction_bench.bench.cli", "run", "--profile", "cpu-tiny",
+         "--base-url", url,
          "--arms", "clean", "--step-limit", "4", "--no-selfcheck", *args],
         cwd=repo_root(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True, env={**os.environ, "COMPBENCH_RESULTS": str(tmp)})

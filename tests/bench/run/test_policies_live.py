@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from common.paths import repo_root
-from serve.launcher import Server
+from compaction_bench.common.paths import repo_root
+from compaction_bench.serve.launcher import Server
 
 pytestmark = pytest.mark.integration
 ARMS = ["clean", "entropy", "step-entropy", "delete-all-thinking", "keep-latest", "random-30"]
@@ -27,7 +27,8 @@ def lines(path: Path) -> list[dict[str, Any]]:
 def test_policy_arms_run_with_ledgers_and_exact_cache_accounting(cpu_server: Server,
                                                                  tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "bench.cli", "run", "--profile", "cpu-tiny", "--base-url",
+        [sys.executable, "-m", "compaction_bench.bench.cli", "run", "--profile", "cpu-tiny",
+         "--base-url",
          cpu_server.api_url, "--arms", ",".join(ARMS), "--blocks", "1", "--step-limit", "3",
          "--cache", "run", "--no-selfcheck", "--run-id", "policies"], cwd=repo_root(),
         capture_output=True, text=True, timeout=900, check=False,

@@ -11,9 +11,9 @@ from typing import Any
 from hypothesis import event, example, given
 from hypothesis import strategies as st
 
-from bench.run.config import BenchConfig
-from bench.run.resume import open_run
-from common.errors import SuiteError
+from compaction_bench.bench.run.config import BenchConfig
+from compaction_bench.bench.run.resume import open_run
+from compaction_bench.common.errors import SuiteError
 
 PRINTS: dict[str, Any] = {"regime": "dedicated", "task": "fix-median"}  # what makes the run
 GOOD: dict[str, Any] = {"run_id": "r", "config": {"regime": "dedicated"},

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from bench.analysis.runfolder import ArmRecord, write_records
-from bench.run.config import BenchConfig, SweepSettings
-from bench.run.fleet import continuation_block
-from bench.run.sweep import SWEEP_FILE, finished_cells
-from common.files import JsonlWriter
+from compaction_bench.bench.analysis.runfolder import ArmRecord, write_records
+from compaction_bench.bench.run.config import BenchConfig, SweepSettings
+from compaction_bench.bench.run.fleet import continuation_block
+from compaction_bench.bench.run.sweep import SWEEP_FILE, finished_cells
+from compaction_bench.common.files import JsonlWriter
 
 
 def test_default_levels_double_up_to_twice_the_sequence_limit() -> None:

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from common.paths import repo_root
-from serve.launcher import Server
+from compaction_bench.common.paths import repo_root
+from compaction_bench.serve.launcher import Server
 
 pytestmark = pytest.mark.integration
 ROOT = repo_root()
@@ -29,7 +29,8 @@ def lines(path: Path) -> list[dict[str, Any]]:
 def test_a_short_sweep_and_its_plan(cpu_server: Server, tmp_path: Path) -> None:
     env = {**os.environ, "COMPBENCH_RESULTS": str(tmp_path)}
     done = subprocess.run(
-        [sys.executable, "-m", "bench.cli", "run", "--regime", "sweep", "--profile", "cpu-tiny",
+        [sys.executable, "-m", "compaction_bench.bench.cli", "run", "--regime", "sweep",
+         "--profile", "cpu-tiny",
          "--base-url", cpu_server.api_url, "--arms", "clean,self", "--levels", "1,2",
          "--sweep-min-continuations", "2", "--step-limit", "2", "--no-selfcheck",
          "--run-id", "sw"], cwd=ROOT, capture_output=True, text=True, timeout=900,
@@ -61,7 +62,7 @@ def test_a_short_sweep_and_its_plan(cpu_server: Server, tmp_path: Path) -> None:
     assert manifest["sweep"]["server_cache_config"]["block_size"] == "128"
 
     planned = subprocess.run(
-        [sys.executable, "-m", "plan.cli", str(run), "--costmodel", CPU_COSTS,
+        [sys.executable, "-m", "compaction_bench.plan.cli", str(run), "--costmodel", CPU_COSTS,
          "--bootstrap", "300"], cwd=ROOT, capture_output=True, text=True, timeout=300,
         check=False, env=env)
     assert planned.returncode == 0, planned.stderr

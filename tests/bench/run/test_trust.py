@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from common.errors import ExitCode
-from common.paths import repo_root
-from loadgen.fakeprocess import FakeConfig, FakeProcess
+from compaction_bench.common.errors import ExitCode
+from compaction_bench.common.paths import repo_root
+from compaction_bench.loadgen.fakeprocess import FakeConfig, FakeProcess
 
 # A text-protocol turn whose thought is longer than the identity rule (12 words), so the compact
 # arms send it to their compressor before the next request; `ls` keeps the agent going.
@@ -34,7 +34,8 @@ def lines(path: Path) -> list[dict[str, Any]]:
 def bench(tmp: Path, url: str, *args: str, compressor: str | None = None,
           env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "bench.cli", "run", "--profile", "cpu-tiny", "--base-url", url,
+        [sys.executable, "-m", "compaction_bench.bench.cli", "run", "--profile", "cpu-tiny",
+         "--base-url", url,
          "--external-url", compressor or url, "--step-limit", "3", "--no-selfcheck", *args],
         cwd=repo_root(), capture_output=True, text=True, timeout=600, check=False,
         env={**os.environ, "COMPBENCH_RESULTS": str(tmp), **(env or {})})
@@ -109,7 +110,8 @@ def test_stopping_the_external_compressor_fails_the_arm_with_a_reason(
                                         default_content="Files listed; find median.")).start()
     run = tmp_path / "comp"
     process = subprocess.Popen(
-        [sys.executable, "-m", "bench.cli", "run", "--profile", "cpu-tiny", "--base-url",
+        [sys.executable, "-m", "compaction_bench.bench.cli", "run", "--profile", "cpu-tiny",
+         "--base-url",
          target.api_url, "--external-url", compressor.api_url, "--step-limit", "3",
          "--no-selfcheck",
          "--blocks", "3", "--arms", "clean,external", "--run-id", "comp"],

@@ -12,13 +12,13 @@ import json
 
 import pytest
 
-from histories.agent.acquisition import acquire
-from histories.agent.chat import config_for_profile
-from histories.agent.continuation import continue_history
-from histories.format.history import History
-from histories.tasks.task import load_task
-from serve.launcher import Server
-from serve.profile import load_profile
+from compaction_bench.histories.agent.acquisition import acquire
+from compaction_bench.histories.agent.chat import config_for_profile
+from compaction_bench.histories.agent.continuation import continue_history
+from compaction_bench.histories.format.history import History
+from compaction_bench.histories.tasks.task import load_task
+from compaction_bench.serve.launcher import Server
+from compaction_bench.serve.profile import load_profile
 
 pytestmark = pytest.mark.integration
 TASK = "wildfire-evacuation"

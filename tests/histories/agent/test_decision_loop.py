@@ -14,19 +14,25 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bench.run.arm import Arm
-from bench.run.block import BlockSettings, run_block
-from bench.run.config import BenchConfig
-from bench.run.writer import RunWriter
-from histories.agent.acquisition import AcquisitionError, acquire
-from histories.agent.chat import ChatModelConfig
-from histories.agent.continuation import continue_history
-from histories.compaction.ledger import Ledger
-from histories.format.history import History, load_history, save_history
-from histories.policies.base import CleanPolicy
-from histories.tasks.decision_protocol import structured_regex
-from histories.tasks.task import Task, TaskError, known_tasks, load_task, runnable_tasks
-from loadgen.fakeprocess import FakeConfig, FakeProcess
+from compaction_bench.bench.run.arm import Arm
+from compaction_bench.bench.run.block import BlockSettings, run_block
+from compaction_bench.bench.run.config import BenchConfig
+from compaction_bench.bench.run.writer import RunWriter
+from compaction_bench.histories.agent.acquisition import AcquisitionError, acquire
+from compaction_bench.histories.agent.chat import ChatModelConfig
+from compaction_bench.histories.agent.continuation import continue_history
+from compaction_bench.histories.compaction.ledger import Ledger
+from compaction_bench.histories.format.history import History, load_history, save_history
+from compaction_bench.histories.policies.base import CleanPolicy
+from compaction_bench.histories.tasks.decision_protocol import structured_regex
+from compaction_bench.histories.tasks.task import (
+    Task,
+    TaskError,
+    known_tasks,
+    load_task,
+    runnable_tasks,
+)
+from compaction_bench.loadgen.fakeprocess import FakeConfig, FakeProcess
 
 TASK = "wildfire-evacuation"
 Reply = dict[str, Any]

@@ -6,17 +6,17 @@ from pathlib import Path
 
 import pytest
 
-from common.paths import histories_root
-from histories.agent.acquisition import acquire
-from histories.agent.audit import audit
-from histories.agent.chat import ChatModelConfig, config_for_profile
-from histories.agent.continuation import continue_history
-from histories.format.export import export_minisweagent
-from histories.format.history import load_history, message_action, save_history
-from histories.format.importers import import_history
-from histories.tasks.task import load_task
-from serve.launcher import Server
-from serve.profile import load_profile
+from compaction_bench.common.paths import histories_root
+from compaction_bench.histories.agent.acquisition import acquire
+from compaction_bench.histories.agent.audit import audit
+from compaction_bench.histories.agent.chat import ChatModelConfig, config_for_profile
+from compaction_bench.histories.agent.continuation import continue_history
+from compaction_bench.histories.format.export import export_minisweagent
+from compaction_bench.histories.format.history import load_history, message_action, save_history
+from compaction_bench.histories.format.importers import import_history
+from compaction_bench.histories.tasks.task import load_task
+from compaction_bench.serve.launcher import Server
+from compaction_bench.serve.profile import load_profile
 
 pytestmark = pytest.mark.integration
 STUDY = histories_root() / "study"

@@ -15,10 +15,19 @@ from pathlib import Path
 import psutil
 import pytest
 
-from common.paths import repo_root
-from histories.agent.sandbox import Sandbox, SandboxLimits, SandboxUnavailable, confinement
-from histories.agent.workspace import ConfinedEnvironment, Workspace, WorkspaceError
-from histories.tasks.task import load_task
+from compaction_bench.common.paths import repo_root
+from compaction_bench.histories.agent.sandbox import (
+    Sandbox,
+    SandboxLimits,
+    SandboxUnavailable,
+    confinement,
+)
+from compaction_bench.histories.agent.workspace import (
+    ConfinedEnvironment,
+    Workspace,
+    WorkspaceError,
+)
+from compaction_bench.histories.tasks.task import load_task
 
 
 @pytest.fixture

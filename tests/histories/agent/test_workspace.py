@@ -8,8 +8,8 @@ import time
 import pytest
 from minisweagent.exceptions import Submitted
 
-from histories.agent.workspace import Workspace
-from histories.tasks.task import TaskError, known_tasks, load_task, runnable_tasks
+from compaction_bench.histories.agent.workspace import Workspace
+from compaction_bench.histories.tasks.task import TaskError, known_tasks, load_task, runnable_tasks
 
 
 def test_shipped_tasks_load_and_repo_tasks_fail_before_a_fix() -> None:

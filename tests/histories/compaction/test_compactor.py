@@ -15,29 +15,29 @@ from typing import Any
 
 import pytest
 
-from common.net import free_port
-from common.paths import histories_root
-from histories.compaction.arms import compaction_dir, write_arms
-from histories.compaction.compactor import (
+from compaction_bench.common.net import free_port
+from compaction_bench.common.paths import histories_root
+from compaction_bench.histories.compaction.arms import compaction_dir, write_arms
+from compaction_bench.histories.compaction.compactor import (
     CompactionCache,
     Compactor,
     external_compressor,
     payload,
     self_compressor,
 )
-from histories.compaction.endpoint import EndpointConfig
-from histories.compaction.judge import (
+from compaction_bench.histories.compaction.endpoint import EndpointConfig
+from compaction_bench.histories.compaction.judge import (
     GateError,
     JudgeConfig,
     check_gate,
     gate_failures,
     judge_block,
 )
-from histories.compaction.ledger import Ledger, read_ledger
-from histories.compaction.prompts import load_prompt
-from histories.format.history import Fork, History, load_history, save_history
-from histories.policies.compacting import ContinuousCompaction, policy_for
-from loadgen.fakeprocess import FakeConfig, FakeProcess
+from compaction_bench.histories.compaction.ledger import Ledger, read_ledger
+from compaction_bench.histories.compaction.prompts import load_prompt
+from compaction_bench.histories.format.history import Fork, History, load_history, save_history
+from compaction_bench.histories.policies.compacting import ContinuousCompaction, policy_for
+from compaction_bench.loadgen.fakeprocess import FakeConfig, FakeProcess
 
 STUDY = histories_root() / "study"
 VACCINE = STUDY / "deepseek-v4-flash__vaccine-decision-v2__rep-01__seed-101000" / "clean.json"

@@ -11,19 +11,19 @@ from pathlib import Path
 
 import pytest
 
-from common.net import free_port
-from common.paths import histories_root
-from histories.agent.acquisition import acquire
-from histories.agent.chat import config_for_profile
-from histories.agent.continuation import check_reasoning_only, continue_history
-from histories.compaction.arms import write_arms
-from histories.compaction.compactor import external_compressor, self_compressor
-from histories.compaction.ledger import Ledger, read_ledger
-from histories.format.history import load_history, save_history
-from histories.policies.compacting import policy_for
-from histories.tasks.task import load_task
-from serve.launcher import Server, ServerConfig, start_server
-from serve.profile import load_profile
+from compaction_bench.common.net import free_port
+from compaction_bench.common.paths import histories_root
+from compaction_bench.histories.agent.acquisition import acquire
+from compaction_bench.histories.agent.chat import config_for_profile
+from compaction_bench.histories.agent.continuation import check_reasoning_only, continue_history
+from compaction_bench.histories.compaction.arms import write_arms
+from compaction_bench.histories.compaction.compactor import external_compressor, self_compressor
+from compaction_bench.histories.compaction.ledger import Ledger, read_ledger
+from compaction_bench.histories.format.history import load_history, save_history
+from compaction_bench.histories.policies.compacting import policy_for
+from compaction_bench.histories.tasks.task import load_task
+from compaction_bench.serve.launcher import Server, ServerConfig, start_server
+from compaction_bench.serve.profile import load_profile
 
 pytestmark = pytest.mark.integration
 STUDY = histories_root() / "study"

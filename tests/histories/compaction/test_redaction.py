@@ -13,8 +13,8 @@ import pytest
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
-from histories.compaction.redaction import redact, restore, scan
-from histories.compaction.redaction_bench import (
+from compaction_bench.histories.compaction.redaction import redact, restore, scan
+from compaction_bench.histories.compaction.redaction_bench import (
     SPLITS,
     CorpusError,
     default_corpus,
@@ -22,7 +22,7 @@ from histories.compaction.redaction_bench import (
     is_found,
     load_corpus,
 )
-from histories.compaction.redaction_rules import RedactionRulesError, load_rules
+from compaction_bench.histories.compaction.redaction_rules import RedactionRulesError, load_rules
 
 # Fake credentials in the shapes the issue lists (random characters; never real).
 ISSUE_CASES = [
@@ -122,7 +122,8 @@ def test_placeholders_already_in_the_text_are_kept() -> None:
     assert got.text.startswith("password: [REDACTED-SECRET-1] and")
 
 
-# Measured with `python -m histories.compaction.redaction_bench` on the shipped corpus (see
+# Measured with `python -m compaction_bench.histories.compaction.redaction_bench` on the shipped
+# corpus (see
 # data/redaction/README.md): dev 122/122 found, 0/131 look-alikes redacted; holdout-1 46/47,
 # 0/49; holdout-2 33/34, 0/40. The thresholds sit at those figures, so losing a single secret
 # or redacting a single look-alike fails here.
@@ -142,7 +143,8 @@ def test_corpus_recall_and_false_positives_hold_at_the_measured_figures(split: s
 
 def test_the_benchmark_prints_recall_and_false_positive_rate() -> None:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
-    out = subprocess.run([sys.executable, "-m", "histories.compaction.redaction_bench",
+    out = subprocess.run([sys.executable, "-m",
+                          "compaction_bench.histories.compaction.redaction_bench",
                           "--repeat", "1", "--show", "0"], capture_output=True, text=True,
                          env=env, timeout=120, check=True).stdout
     assert "recall: 122/122 = 100.0%" in out and "== holdout-2 split ==" in out

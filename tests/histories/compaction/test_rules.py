@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from common.errors import SuiteError
-from histories.compaction.lexical import count_words, lexical_diagnostics, required_fields
-from histories.compaction.prompts import load_prompt, prompt_names
+from compaction_bench.common.errors import SuiteError
+from compaction_bench.histories.compaction.lexical import (
+    count_words,
+    lexical_diagnostics,
+    required_fields,
+)
+from compaction_bench.histories.compaction.prompts import load_prompt, prompt_names
 
 # Table 5 of the study: the raw block and the rewrite, as the paper prints them.
 TABLE5_RAW = (

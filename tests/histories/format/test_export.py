@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from common.paths import histories_root, repo_root
-from histories.format.export import export_minisweagent, write_minisweagent
-from histories.format.history import History, load_history
-from histories.format.importers import detect_format, import_history
+from compaction_bench.common.paths import histories_root, repo_root
+from compaction_bench.histories.format.export import export_minisweagent, write_minisweagent
+from compaction_bench.histories.format.history import History, load_history
+from compaction_bench.histories.format.importers import detect_format, import_history
 
 REPO = repo_root()
 SHIPPED = sorted((histories_root() / "study").glob("*/*.json"))

@@ -18,10 +18,15 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from common.errors import SuiteError
-from common.paths import histories_root, study_root
-from histories.format.history import History, HistoryError, load_history, save_history
-from histories.format.importers import import_history
+from compaction_bench.common.errors import SuiteError
+from compaction_bench.common.paths import histories_root, study_root
+from compaction_bench.histories.format.history import (
+    History,
+    HistoryError,
+    load_history,
+    save_history,
+)
+from compaction_bench.histories.format.importers import import_history
 
 SHIPPED_HISTORY = histories_root() / "fix-median" / "clean.json"
 STUDY_RECORD = sorted((study_root() / "records").glob("*__rep-*.json"))[0]

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from common.paths import histories_root, repo_root, study_root
-from histories.format.history import HistoryError, load_history
-from histories.format.importers import (
+from compaction_bench.common.paths import histories_root, repo_root, study_root
+from compaction_bench.histories.format.history import HistoryError, load_history
+from compaction_bench.histories.format.importers import (
     detect_format,
     import_history,
     import_minisweagent_v1,
@@ -29,8 +29,9 @@ RECORDS = sorted(STUDY_DIR.glob("*__rep-*.json"))
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    """`python -m histories.cli ...`, as a user runs it."""
-    return subprocess.run([sys.executable, "-m", "histories.cli", *args], capture_output=True,
+    """`python -m compaction_bench.histories.cli ...`, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "compaction_bench.histories.cli", *args],
+                          capture_output=True,
                           text=True, timeout=120, check=False)
 
 
@@ -158,7 +159,7 @@ def test_minisweagent_v1(tmp_path: Path) -> None:
 
 
 def history_fork(index: int, command: str, data: dict[str, Any]) -> Any:
-    from histories.format.history import Fork
+    from compaction_bench.histories.format.history import Fork
 
     return Fork(index, {"command": command}, data["messages"][index + 1]["content"])
 
@@ -273,7 +274,7 @@ def test_broken_and_unknown_files_are_refused(tmp_path: Path) -> None:
 def test_a_history_file_imports_as_itself(tmp_path: Path) -> None:
     history = import_history(write(tmp_path / "r.traj.json", msa_v2_toolcall()), fork=4)
     saved = tmp_path / "h.json"
-    from histories.format.history import save_history
+    from compaction_bench.histories.format.history import save_history
 
     save_history(history, saved)
     assert import_history(saved) == history

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from common.paths import histories_root
-from histories.agent.continuation import check_reasoning_only, first_request
-from histories.format.history import Fork, History, load_history
-from histories.format.invariant import InvariantError
+from compaction_bench.common.paths import histories_root
+from compaction_bench.histories.agent.continuation import check_reasoning_only, first_request
+from compaction_bench.histories.format.history import Fork, History, load_history
+from compaction_bench.histories.format.invariant import InvariantError
 
 STUDY = histories_root() / "study"
 PAIRS = sorted(STUDY.glob("*/clean.json"))

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from histories.format.history import Fork, History
-from histories.policies.scorer import ProxyScorer, ScorerConfig
+from compaction_bench.histories.format.history import Fork, History
+from compaction_bench.histories.policies.scorer import ProxyScorer, ScorerConfig
 
 SCORER = ScorerConfig(model="embedded:smollm2-135m-instruct")
 

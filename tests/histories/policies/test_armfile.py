@@ -8,12 +8,12 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from common.paths import histories_root
-from histories.compaction.ledger import read_ledger
-from histories.format.history import History, load_history, save_history
-from histories.policies.armfile import scorer_of, settled_of, write_policy_arms
-from histories.policies.scorer import ScorerConfig
-from histories.policies.segments import SKIP, split_segments
+from compaction_bench.common.paths import histories_root
+from compaction_bench.histories.compaction.ledger import read_ledger
+from compaction_bench.histories.format.history import History, load_history, save_history
+from compaction_bench.histories.policies.armfile import scorer_of, settled_of, write_policy_arms
+from compaction_bench.histories.policies.scorer import ScorerConfig
+from compaction_bench.histories.policies.segments import SKIP, split_segments
 
 VACCINE = (histories_root() / "study" / "deepseek-v4-flash__vaccine-decision-v2__rep-01__seed-"
            "101000" / "clean.json")

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from histories.compaction.arms import compact_history
-from histories.compaction.compactor import Compactor, self_compressor
-from histories.format.history import Fork, History
-from histories.policies.compacting import ContinuousCompaction, policy_for
-from loadgen.fakeprocess import FakeConfig, FakeProcess
+from compaction_bench.histories.compaction.arms import compact_history
+from compaction_bench.histories.compaction.compactor import Compactor, self_compressor
+from compaction_bench.histories.format.history import Fork, History
+from compaction_bench.histories.policies.compacting import ContinuousCompaction, policy_for
+from compaction_bench.loadgen.fakeprocess import FakeConfig, FakeProcess
 
 LONG = ("I should look at the median function first because the failing test says the even "
         "length case returns the wrong value for lists of four items")  # 26 words

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from histories.policies.registry import (
+from compaction_bench.histories.policies.registry import (
     ArmSpec,
     UnknownArmError,
     compressors_needed,

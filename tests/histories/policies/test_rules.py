@@ -3,9 +3,15 @@ proxy scorer (embedded SmolLM2, in-process on the CPU) and its real tokenizer.""
 
 from __future__ import annotations
 
-from histories.policies.rules import DeleteRule, EntropyRule, RandomRule, Step, render_context
-from histories.policies.scorer import ProxyScorer, ProxyTokenizer, ScorerConfig
-from histories.policies.segments import SKIP, ReasoningSpan, split_segments
+from compaction_bench.histories.policies.rules import (
+    DeleteRule,
+    EntropyRule,
+    RandomRule,
+    Step,
+    render_context,
+)
+from compaction_bench.histories.policies.scorer import ProxyScorer, ProxyTokenizer, ScorerConfig
+from compaction_bench.histories.policies.segments import SKIP, ReasoningSpan, split_segments
 
 # Measured with this scorer: a counting run is predictable (mean entropy about 0.8 nats), made-up
 # words are not (about 5 nats), so which one ICLR removes is known.

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from histories.policies.scorer import ProxyScorer, ProxyTokenizer, ScorerConfig
-from histories.policies.segments import split_segments
+from compaction_bench.histories.policies.scorer import ProxyScorer, ProxyTokenizer, ScorerConfig
+from compaction_bench.histories.policies.segments import split_segments
 
 
 def test_segment_means_match_full_logits_in_float64(scorer: ProxyScorer) -> None:

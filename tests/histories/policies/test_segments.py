@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from histories.policies.segments import (
+from compaction_bench.histories.policies.segments import (
     SKIP,
     join_segments,
     reasoning_span,

@@ -10,13 +10,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from histories.compaction.ledger import Ledger, read_ledger
-from histories.format.history import History
-from histories.format.invariant import compare_bodies
-from histories.policies.rules import Decision, DeleteRule, EntropyRule, Step, render_context
-from histories.policies.scorer import ProxyScorer
-from histories.policies.segments import SKIP, reasoning_span
-from histories.policies.stepwise import StepwisePolicy
+from compaction_bench.histories.compaction.ledger import Ledger, read_ledger
+from compaction_bench.histories.format.history import History
+from compaction_bench.histories.format.invariant import compare_bodies
+from compaction_bench.histories.policies.rules import (
+    Decision,
+    DeleteRule,
+    EntropyRule,
+    Step,
+    render_context,
+)
+from compaction_bench.histories.policies.scorer import ProxyScorer
+from compaction_bench.histories.policies.segments import SKIP, reasoning_span
+from compaction_bench.histories.policies.stepwise import StepwisePolicy
 
 GIBBERISH = "Qx7 vorpal zint 93 plumb kest? Yarrow 12 fff obloquy."
 COUNTING = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14"

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from common.paths import study_root
-from histories.format.history import Fork, History
-from histories.tasks.decision import (
+from compaction_bench.common.paths import study_root
+from compaction_bench.histories.format.history import Fork, History
+from compaction_bench.histories.tasks.decision import (
     SUBMIT_TOOL,
     DecisionEnvironment,
     DecisionSubmitted,
@@ -177,7 +177,8 @@ def test_environment_serves_tool_calls_and_the_fork_action_form(wildfire: Decisi
     assert env.execute(fork_form)["returncode"] == 0
     assert env.execute({"tool_name": "nope", "arguments": "{}"})["returncode"] == 1
     served = env.serialize()["info"]
-    assert served["config"]["environment_type"] == "histories.tasks.decision.DecisionEnvironment"
+    assert served["config"]["environment_type"] == (
+        "compaction_bench.histories.tasks.decision.DecisionEnvironment")
     assert served["decision"]["phases_completed"] == 2
     assert env.get_template_vars(extra=1)["case_id"] == "FIRE-41"
 

@@ -14,10 +14,10 @@ import pytest
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
-from common.errors import SuiteError
-from common.paths import study_root, tasks_root
-from histories.tasks.decision import DecisionTaskError, load_decision_tasks
-from histories.tasks.task import Task, TaskError, load_task
+from compaction_bench.common.errors import SuiteError
+from compaction_bench.common.paths import study_root, tasks_root
+from compaction_bench.histories.tasks.decision import DecisionTaskError, load_decision_tasks
+from compaction_bench.histories.tasks.task import Task, TaskError, load_task
 
 SHIPPED = (tasks_root() / "fix-median" / "task.toml").read_text(encoding="utf-8")
 SHIPPED_DECISIONS = json.loads((study_root() / "tasks.json").read_text(encoding="utf-8"))

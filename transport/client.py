@@ -9,7 +9,7 @@ Measurement contract:
   before the connection is opened (or reused) and the request written.
 - The response is read with `read1`, which returns whatever one socket read delivered (one HTTP
   chunk at most): no line buffering, no "wait for 1 KiB". Events are decoded by
-  `loadgen.sse.SSEDecoder` (every separator the SSE specification allows) and every event is
+  `transport.sse.SSEDecoder` (every separator the SSE specification allows) and every event is
   stamped with the time of the read that completed it. `first_token_s` is the first event
   carrying generated text (content, reasoning or a tool-call delta); `chunk_times_s` holds one
   stamp per such event; `end_s` is the stamp of the read that completed the response. So
@@ -46,10 +46,10 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from common.timing import Clock, monotonic
-from loadgen.prefixhash import prefix_label
-from loadgen.request import PreparedRequest, RequestRecord, Response, prepare
-from loadgen.sse import Dechunker, SSEDecoder
+from compaction_bench.common.timing import Clock, monotonic
+from compaction_bench.transport.prefixhash import prefix_label
+from compaction_bench.transport.request import PreparedRequest, RequestRecord, Response, prepare
+from compaction_bench.transport.sse import Dechunker, SSEDecoder
 
 __all__ = ["PreparedRequest", "RequestRecord", "Response", "StreamClient", "abort_all",
            "prepare", "send_once"]
@@ -99,7 +99,7 @@ class _Stream:
         self.reasoning: list[str] = []
         self.calls: dict[int, dict[str, Any]] = {}
         # token ids, where the request asked for them (`return_token_ids`): kept only as the
-        # `kv_prefix` label's unit hashes (loadgen.prefixhash), for cache-break accounting
+        # `kv_prefix` label's unit hashes (transport.prefixhash), for cache-break accounting
         self.prompt_ids: list[int] | None = None
         self.output_ids: list[int] = []
         self.events = 0

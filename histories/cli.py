@@ -1,6 +1,6 @@
-"""`python -m compaction_bench.histories.cli`: acquire, write compaction arms, audit, import,
-export and continue
-agent histories. Each command parses, calls one library function and prints what it wrote."""
+"""`compaction-bench histories`: acquire, write compaction arms, audit, import, export and
+continue agent histories. Each command parses, calls one library function and prints what it
+wrote."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
-from compaction_bench.common.errors import ExitCode, SuiteError, run_cli
+from compaction_bench.common.errors import ExitCode, SuiteError
 from compaction_bench.common.paths import histories_root, study_root
 from compaction_bench.histories.agent.acquisition import acquire
 from compaction_bench.histories.agent.audit import audit as render_audit
@@ -151,7 +151,7 @@ def arms_cmd(
     paths = [base / t / "clean.json" for t in ids]
     if missing := [str(p) for p in paths if not p.is_file()]:
         raise SuiteError(f"no clean history at {', '.join(missing)}; acquire first "
-                         "(`make histories` or `python -m compaction_bench.histories.cli acquire`)")
+                         "(`make histories` or `compaction-bench histories acquire`)")
     target = ServerConfig(profile=resolve_profile(profile), port=port)
     proxy = (scorer_for_profile(target.profile, scorer, device=scorer_device)
              if stepwise else None)
@@ -250,6 +250,3 @@ def continue_cmd(path: Path, profile: ProfileOpt = "auto", port: int = 8000,
         "validation_passed": result.validation.passed if result.validation else None,
         "requests": len(result.requests), "error": result.error}, indent=2))
 
-
-if __name__ == "__main__":
-    run_cli(app)

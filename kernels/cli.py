@@ -1,5 +1,4 @@
-"""`python -m compaction_bench.kernels.cli`: measure the device and fit the cost model (`run`, what
-`make
+"""`compaction-bench kernels`: measure the device and fit the cost model (`run`, what `make
 kernels` calls), read a results file back as the plan does (`check`), list the physical limits
 table (`limits`), and the GPU device check (`device-check`, what `make kernels-gpu` runs)."""
 
@@ -10,8 +9,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-
-from compaction_bench.common.errors import run_cli
 
 app = typer.Typer(help="Measured device costs: micro-benchmarks, server probes, cost-model fits.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
@@ -39,7 +36,7 @@ def run(
     config = CalibrationConfig(profile=profile, port=port, base_url=base_url, out_dir=out_dir,
                                micro=micro, probe=probe, quick=quick, seed=seed,
                                threads=threads)
-    calibrate(config, argv=["compaction_bench.kernels.cli", *sys.argv[1:]], say=typer.echo)
+    calibrate(config, argv=["compaction-bench", *sys.argv[1:]], say=typer.echo)
 
 
 @app.command()
@@ -86,6 +83,3 @@ def device_check(ctx: typer.Context) -> None:
 
     raise typer.Exit(main(list(ctx.args)))
 
-
-if __name__ == "__main__":
-    run_cli(app)

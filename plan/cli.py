@@ -1,5 +1,4 @@
-"""`python -m compaction_bench.plan.cli RUN_DIR`: the capacity plan of a run folder (`make plan
-RUN=<id>`).
+"""`compaction-bench plan RUN_DIR`: the capacity plan of a run folder (`make plan RUN=<id>`).
 
 Parses, builds the config, calls `plan.planner.write_plan` and prints where the files went;
 known failures end in one line naming the cause (`common.errors.run_cli`)."""
@@ -11,7 +10,6 @@ from typing import Annotated
 
 import typer
 
-from compaction_bench.common.errors import run_cli
 from compaction_bench.plan.settings import (
     BOOTSTRAP_RESAMPLES,
     DEFAULT_AGENTS,
@@ -57,6 +55,3 @@ def plan(
     if files.plots:
         typer.echo(f"plots: {', '.join(str(p) for p in files.plots)}")
 
-
-if __name__ == "__main__":
-    run_cli(app)

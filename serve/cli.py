@@ -1,5 +1,5 @@
-"""`python -m compaction_bench.serve.cli`: start, stop and inspect vLLM servers for the suite's
-profiles."""
+"""The serving commands (`compaction-bench serve|check|stop|profiles|prepare-model`): start,
+check, stop and inspect vLLM servers for the suite's profiles."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from typing import Annotated
 
 import typer
 
-from compaction_bench.common.errors import run_cli
 from compaction_bench.common.files import write_json_atomic
 from compaction_bench.common.paths import run_state_dir
 from compaction_bench.serve.command import profile_env, redacted
@@ -67,8 +66,8 @@ def _check(server: Server) -> SelfCheckReport:
     return report
 
 
-@app.command()
-def run(
+@app.command("serve")
+def serve(
     profile: ProfileOpt = "auto",
     port: Annotated[int, typer.Option(help="TCP port", min=1, max=65535)] = 8000,
     host: Annotated[str, typer.Option(help="bind address (HOST)")] = "127.0.0.1",
@@ -82,8 +81,15 @@ def run(
     fast_start: Annotated[bool, typer.Option(
         help="--optimization-level 0: no compilation, a faster cold start and slower steps "
         "(FAST_START=1; not for measurements)")] = False,
+    dry_run: Annotated[bool, typer.Option(
+        help="print the exact server command, its environment and the self-check plan; start, "
+        "convert and download nothing")] = False,
 ) -> None:
     """Serve a profile: the target and compressor names from one engine, self-checked."""
+    if dry_run:
+        typer.echo(show(profile, port=port, host=host, model=model, speculative=speculative,
+                        expert_parallel=expert_parallel))
+        return
     config = ServerConfig(
         profile=_profile(profile, speculative, expert_parallel), host=host, port=port,
         model=model or None, api_key=os.environ.get("API_KEY") or None,
@@ -151,19 +157,17 @@ def profiles() -> None:
         typer.echo(f"{name:32} {p.engine:4}  {p.description}")
 
 
-@app.command()
-def show(profile: Annotated[str, typer.Argument(help="profile name or path")] = "auto",
-         port: int = 8000, host: str = "127.0.0.1",
-         model: Annotated[str | None, typer.Option(help="override the model source")] = None,
-         speculative: SpecOpt = None, expert_parallel: EpOpt = None) -> None:
-    """Print the exact server command, its environment and the self-check plan of a profile
+def show(profile: str = "auto", *, port: int = 8000, host: str = "127.0.0.1",
+         model: str | None = None, speculative: bool | None = None,
+         expert_parallel: bool | None = None) -> str:
+    """The exact server command, its environment and the self-check plan of a profile
     (`make serve DRY_RUN=1`): nothing is started, converted or downloaded."""
     p = _profile(profile, speculative, expert_parallel)
     config = ServerConfig(profile=p, port=port, host=host,
                           api_key="***" if os.environ.get("API_KEY") else None)
     f = p.features
     spec = ("none in the recipe" if f.speculative is None else
-            f"{'ON' if f.speculative.enabled else 'off'} ({f.speculative.config}; SPEC=1 / "
+            f"{'ON' if f.speculative.enabled else 'off'} ({f.speculative.config}; SPECULATIVE=1 / "
             "--speculative turns it on)")
     source = model or p.model.source
     lines = [f"# {p.name}: {p.description}",
@@ -183,7 +187,7 @@ def show(profile: Annotated[str, typer.Argument(help="profile name or path")] = 
     lines.append(shlex.join(build_command(config, source)))
     lines.append("# self-check, after /health and before any block or sweep:")
     lines += [f"#   {i}. {line}" for i, line in enumerate(selfcheck_plan(p), 1)]
-    typer.echo("\n".join(lines))
+    return "\n".join(lines)
 
 
 @app.command("prepare-model")
@@ -191,6 +195,3 @@ def prepare_model(profile: ProfileOpt = "auto") -> None:
     """Make the profile's model ready locally (converts an embedded model once)."""
     typer.echo(resolve_model(resolve_profile(profile).model.source))
 
-
-if __name__ == "__main__":
-    run_cli(app)

@@ -17,7 +17,7 @@ import typer
 from compaction_bench.bench.faults.harness import Context, FaultResult
 from compaction_bench.bench.faults.hostile import hostile
 from compaction_bench.bench.faults.rows import ROWS, Row
-from compaction_bench.common.errors import ExitCode, SuiteError, run_cli
+from compaction_bench.common.errors import ExitCode, SuiteError
 from compaction_bench.common.files import write_json_atomic
 from compaction_bench.common.paths import results_dir
 
@@ -66,6 +66,8 @@ def main(only: Annotated[str | None, typer.Option(help="run the rows whose name 
          keep: Annotated[bool, typer.Option(help="keep the rows' folders")] = False,
          jobs: Annotated[int, typer.Option(help="rows run side by side (JOBS=)", min=1)]
          = JOBS) -> None:
+    """Inject every fault row into a real bench process; one table, exit 1 if any row did not
+    survive."""
     rows = [r for r in ALL_ROWS if only is None or only.lower() in r.name.lower()]
     if not rows:
         raise SuiteError(f"no fault row matches {only!r}; rows: "
@@ -93,6 +95,3 @@ def main(only: Annotated[str | None, typer.Option(help="run the rows whose name 
     if not all(r.survived for r in results):
         raise typer.Exit(ExitCode.FAILED)
 
-
-if __name__ == "__main__":
-    run_cli(app)

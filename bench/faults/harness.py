@@ -76,14 +76,14 @@ class Context:
 
 
 def bench_argv(*args: str, port: int | None = None, base_url: str | None = None) -> list[str]:
-    """`python -m compaction_bench.bench.cli run` on the fake engine (no self-check: it has no
+    """`compaction-bench bench` on the fake engine (no self-check: it has no
     model)."""
-    argv = [sys.executable, "-m", "compaction_bench.bench.cli", "run", "--profile", "fake-faults",
-            "--no-selfcheck"]
+    argv = [sys.executable, "-m", "compaction_bench", "bench", "profile=fake-faults",
+            "selfcheck=0"]
     if port is not None:
-        argv += ["--port", str(port)]
+        argv += [f"port={port}"]
     if base_url is not None:
-        argv += ["--base-url", base_url]
+        argv += [f"base_url={base_url}"]
     return argv + list(args)
 
 

@@ -72,8 +72,8 @@ def server_killed(ctx: Context) -> list[FaultResult]:
     """The bench's own server SIGKILLed mid-block: one line with RESUME; the resumed run
     completes every block, the cut block again in full."""
     port, run = free_port(), "server-killed"
-    bench = BenchProcess(bench_argv("--run-id", run, "--arms", "clean,self", "--blocks", "2",
-                                    "--step-limit", STEPS, port=port), ctx)
+    bench = BenchProcess(bench_argv(f"run_id={run}", "arms=clean,self", "blocks=2",
+                                    f"step_limit={STEPS}", port=port), ctx)
     before = records_when(ctx.run_dir(run), _requests_by("clean", 2)) or {}
     killed = False
     for process in psutil.process_iter(["pid", "cmdline"]):
@@ -83,7 +83,7 @@ def server_killed(ctx: Context) -> list[FaultResult]:
             killed = True
     code = bench.wait()
     first = bench.output
-    code2, _ = run_bench_process(bench_argv("--resume", run, port=port), ctx)
+    code2, _ = run_bench_process(bench_argv(f"resume={run}", port=port), ctx)
     blocks = _closed_blocks(ctx.run_dir(run))
     return [verdict("server killed mid-block", first, expect=[
         (killed, "the bench's server process was not found"),
@@ -100,7 +100,7 @@ def _scripted_run(ctx: Context, run: str, script: list[dict[str, object]], arms:
         fake.script(script)
         started = time.monotonic()
         code, output = run_bench_process(bench_argv(
-            "--run-id", run, "--arms", arms, "--blocks", "1", "--step-limit", STEPS, *extra,
+            f"run_id={run}", f"arms={arms}", "blocks=1", f"step_limit={STEPS}", *extra,
             base_url=fake.server_url), ctx)
         took = time.monotonic() - started
     return code, output, took, _arm_errors(ctx.run_dir(run))
@@ -116,7 +116,7 @@ def stalled_target(ctx: Context) -> list[FaultResult]:
     stream deadline: the arm fails with that reason, the run goes on and ends."""
     code, output, took, errors = _scripted_run(
         ctx, "stalled-target", [{"match": {"model": "target"}, "stall_after_tokens": 1,
-                                 "stall_s": 60}], "clean", "--stream-deadline", "2")
+                                 "stall_s": 60}], "clean", "stream_deadline_s=2")
     error = errors.get("1/clean", "")
     result = verdict("target stream stalls past its deadline", output, expect=[
         (code == 0, f"exit code {code}"),
@@ -132,7 +132,7 @@ def stalled_compressor(ctx: Context) -> list[FaultResult]:
     code, output, took, errors = _scripted_run(
         ctx, "stalled-compressor", [{"match": {"model": "compressor"}, "stall_after_tokens": 1,
                                      "stall_s": 60, "repeat": 1000}], "clean,self",
-        "--compressor-deadline", "2")
+        "compressor_deadline_s=2")
     result = verdict("stalled compressor", output, expect=[
         (code == 0, f"exit code {code}"),
         (errors.get("1/self", "").startswith("PolicyError"),
@@ -165,9 +165,9 @@ def compressor_down(ctx: Context) -> list[FaultResult]:
     as not applied, clean completes, the run ends."""
     run = "compressor-down"
     with fake_engine() as target, fake_engine() as external:
-        bench = BenchProcess(bench_argv("--run-id", run, "--arms", "clean,external", "--blocks",
-                                        "1", "--step-limit", STEPS, "--external-url",
-                                        external.server_url, base_url=target.server_url), ctx)
+        bench = BenchProcess(bench_argv(
+            f"run_id={run}", "arms=clean,external", "blocks=1", f"step_limit={STEPS}",
+            f"external_url={external.server_url}", base_url=target.server_url), ctx)
         started = bench.wait_for("[bench] run")
         external.stop()
         code = bench.wait()
@@ -216,15 +216,15 @@ def background_fault(name: str, inject: Callable[[Context, FakeProcess], None]
     def row(ctx: Context) -> list[FaultResult]:
         run = name.replace(" ", "-")
         with fake_engine() as fake:
-            bench = BenchProcess(bench_argv("--run-id", run, "--regime", "shared", "--arms",
-                                            "clean,self", "--blocks", "2", "--step-limit",
-                                            LONG_STEPS, base_url=fake.server_url), ctx)
+            bench = BenchProcess(bench_argv(
+                f"run_id={run}", "regime=shared", "arms=clean,self", "blocks=2",
+                f"step_limit={LONG_STEPS}", base_url=fake.server_url), ctx)
             before = records_when(ctx.run_dir(run), _requests_by("clean", 1)) or {}
             inject(ctx, fake)
             code = bench.wait()
             first = bench.output
             fake.reset()  # the fault's script is spent or cleared: the resume has a clean server
-            code2, _ = run_bench_process(bench_argv("--resume", run,
+            code2, _ = run_bench_process(bench_argv(f"resume={run}",
                                                     base_url=fake.server_url), ctx)
         folder = read_run(ctx.run_dir(run))
         invalid = {b.block for b in folder.blocks if b.invalid_reasons}
@@ -262,14 +262,14 @@ def torn_line(ctx: Context) -> list[FaultResult]:
     keeps every complete record, and completes."""
     run = "torn-line"
     with fake_engine() as fake:
-        code1, _ = run_bench_process(bench_argv("--run-id", run, "--arms", "clean,self",
-                                                "--blocks", "1", "--step-limit", STEPS,
+        code1, _ = run_bench_process(bench_argv(f"run_id={run}", "arms=clean,self",
+                                                "blocks=1", f"step_limit={STEPS}",
                                                 base_url=fake.server_url), ctx)
         arms = ctx.run_dir(run) / "arms.jsonl"
         before = snapshot(ctx.run_dir(run))
         with arms.open("a") as f:
             f.write('{"schema": 2, "regime": "dedicated", "block": 2, "arm": "cle')
-        code2, output = run_bench_process(bench_argv("--resume", run, "--blocks", "2",
+        code2, output = run_bench_process(bench_argv(f"resume={run}", "blocks=2",
                                                      base_url=fake.server_url), ctx)
     folder = read_run(ctx.run_dir(run))
     torn_reported = any("cut short" in i.reason for i in folder.issues)
@@ -294,8 +294,8 @@ def full_disk(ctx: Context) -> list[FaultResult]:
     run, small, saved = "full-disk", ctx.root / "small", ctx.root / "saved"
     saved.mkdir(parents=True, exist_ok=True)
     with fake_engine() as fake:
-        argv = bench_argv("--run-id", run, "--arms", "clean,self", "--blocks", "3",
-                          "--step-limit", STEPS, base_url=fake.server_url)
+        argv = bench_argv(f"run_id={run}", "arms=clean,self", "blocks=3",
+                          f"step_limit={STEPS}", base_url=fake.server_url)
         script = (" ".join(f"'{a}'" for a in argv) + f"; rc=$?; cp -a {small}/. {saved}/; "
                   "exit $rc")
         wrapped = bwrap_command(["--dev-bind", "/", "/", "--size", str(40 * 1024), "--tmpfs",
@@ -306,7 +306,7 @@ def full_disk(ctx: Context) -> list[FaultResult]:
         code = bench.wait()
         before = snapshot(saved / run)
         big = Context(ctx.root, env={"COMPBENCH_RESULTS": str(saved)})
-        code2, _ = run_bench_process(bench_argv("--resume", run, base_url=fake.server_url),
+        code2, _ = run_bench_process(bench_argv(f"resume={run}", base_url=fake.server_url),
                                      big)
     folder = read_run(saved / run) if (saved / run).is_dir() else None
     blocks = {b.block for b in folder.blocks} if folder else set()
@@ -357,8 +357,7 @@ def non_utf8(ctx: Context) -> list[FaultResult]:
     bad = b"\xff\xfe not text \x80\x81"
     profile = ctx.root / "bad-profile.toml"
     profile.write_bytes(b'name = "x"\n' + bad)
-    code, output = run_bench_process([*bench_argv("--profile", str(profile)), "--run-id",
-                                      "never"], ctx)
+    code, output = run_bench_process([*bench_argv(f"profile={profile}"), "run_id=never"], ctx)
     out.append(verdict("non-UTF-8 profile", output, expect=[
         (code in (1, 2), f"exit code {code}"), (str(profile) in output, "the file is not named")],
         lost_count=0))
@@ -368,20 +367,20 @@ def non_utf8(ctx: Context) -> list[FaultResult]:
     shutil.copytree(histories_root() / "fix-median", histories / "fix-median")
     (histories / "fix-median" / "self.json").write_bytes(bad)
     bad_history = Context(ctx.root, env={"COMPBENCH_HISTORIES": str(histories)})
-    code, output = run_bench_process(bench_argv("--arms", "clean,self", "--run-id", "h",
-                                                "--port", str(free_port())), bad_history)
+    code, output = run_bench_process(bench_argv("arms=clean,self", "run_id=h",
+                                                f"port={free_port()}"), bad_history)
     out.append(verdict("non-UTF-8 history file", output, expect=[
         (code in (1, 2), f"exit code {code}"), ("self.json" in output, "the file is not named")],
         lost_count=0))
     with fake_engine() as fake:
         run = "bad-manifest"
-        run_bench_process(bench_argv("--run-id", run, "--arms", "clean", "--blocks", "1",
-                                     "--step-limit", "2", base_url=fake.server_url), ctx)
+        run_bench_process(bench_argv(f"run_id={run}", "arms=clean", "blocks=1",
+                                     "step_limit=2", base_url=fake.server_url), ctx)
         before = snapshot(ctx.run_dir(run))
         manifest = ctx.run_dir(run) / "manifest.json"
         original = manifest.read_bytes()
         manifest.write_bytes(bad)
-        code, output = run_bench_process(bench_argv("--resume", run,
+        code, output = run_bench_process(bench_argv(f"resume={run}",
                                                     base_url=fake.server_url), ctx)
         manifest.write_bytes(original)
     out.append(verdict("non-UTF-8 manifest on RESUME", output, expect=[

@@ -113,7 +113,7 @@ def _stepwise_arm(spec: ArmSpec, history: History) -> Arm:
     origin = f"arm file of {spec.name} (task {history.task})"
     if history.arm != spec.name:
         raise ArmError(f"{origin}: the file is arm {history.arm!r}, not {spec.name!r}; write it "
-                       f"with `python -m compaction_bench.histories.cli arms --arms {spec.name}`")
+                       f"with `compaction-bench histories arms --arms {spec.name}`")
     scorer, settled = scorer_of(history, origin), settled_of(history, origin)
 
     def new_policy(context: AttemptContext) -> HistoryPolicy:

@@ -1,5 +1,10 @@
-"""The bench's one typed config, built by the CLI from `make bench` variables, and the choices
-it makes for a profile (block counts, background users, seeds, protocol strictness)."""
+"""The bench's one typed config and the choices it makes for a profile (block counts,
+background users, seeds, protocol strictness).
+
+Every setting is declared here once; `common.settings` derives its other names: the run file's
+key (`regime = "overloaded"`, `[sweep] levels = [1, 2]`), the command line's word
+(`regime=overloaded`) and the make variable (`make bench REGIME=overloaded SWEEP_LEVELS=1,2`).
+`compaction-bench bench --settings` lists them all."""
 
 from __future__ import annotations
 
@@ -51,16 +56,16 @@ class SweepSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     levels: tuple[int, ...] | None = Field(
-        default=None, description="fleet sizes N (LEVELS=1,2,4); default: powers of two up to "
+        default=None, description="fleet sizes N (e.g. 1,2,4); default: powers of two up to "
         "2 x max_num_seqs, and max_num_seqs itself")
     min_continuations: int = Field(
         default=8, gt=0, description="measured continuations per arm and level at least "
-        "(SWEEP_MIN_CONTINUATIONS); each agent runs ceil(this / N) of them")
+        "; each agent runs ceil(this / N) of them")
     level_s: float = Field(
         default=0.0, ge=0, description="each agent keeps starting measured continuations until "
-        "the level has run this long (SWEEP_LEVEL_S)")
+        "the level has run this long")
     warmup: int = Field(default=1, ge=0, description="each agent's first continuations per "
-                        "level, recorded and flagged, excluded from the plan (SWEEP_WARMUP)")
+                        "level, recorded and flagged, excluded from the plan")
 
     @field_validator("levels")
     @classmethod
@@ -69,7 +74,7 @@ class SweepSettings(BaseModel):
             return None
         if not value or any(n <= 0 for n in value):
             raise ValueError(f"levels must be positive fleet sizes, got {list(value)} "
-                             "(e.g. LEVELS=1,2,4,8)")
+                             "(e.g. SWEEP_LEVELS=1,2,4,8)")
         return tuple(sorted(set(value)))
 
     def levels_for(self, max_num_seqs: int) -> tuple[int, ...]:
@@ -90,15 +95,21 @@ class BenchConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    regime: Regime = "dedicated"
-    blocks: int | None = Field(default=None, gt=0, description="default: per engine, above")
-    profile: str = "auto"
-    port: int = Field(default=8000, gt=0, lt=65536)
-    server_url: str | None = Field(
-        default=None, description="measure this server (BASE_URL, with or without /v1) "
+    regime: Regime = Field(default="dedicated", description="dedicated, shared, overloaded "
+                           "(the load around each block) or sweep (the load-response sweep)")
+    blocks: int | None = Field(default=None, gt=0, description="how many blocks (default: "
+                               "5/5/25 on GPU profiles, 2/2/1 on CPU)")
+    profile: str = Field(default="auto", description="server profile, or 'auto' for this "
+                         "machine")
+    port: int = Field(default=8000, gt=0, lt=65536, description="the port of the server the "
+                      "run starts (the embedded compressor takes port + 1)")
+    base_url: str | None = Field(
+        default=None, description="measure the server at this URL (with or without /v1) "
         "instead of starting the profile's")
-    task: str = "fix-median"
-    arms: tuple[str, ...] = ("clean", "external", "self")
+    task: str = Field(default="fix-median", description="the task whose arm histories the "
+                      "live agents continue (data/histories/<task>/)")
+    arms: tuple[str, ...] = Field(default=("clean", "external", "self"),
+                                  description="the arms, comma-separated; clean is required")
     seed: int = Field(default=0, ge=0, description="the run seed: block order and sampling")
     seeds: Literal["common", "independent"] = Field(
         default="common", description="common: the arms of one block share a sampling seed "
@@ -115,46 +126,53 @@ class BenchConfig(BaseModel):
     rewrite_cache: Literal["fresh", "reuse"] = Field(
         default="fresh", description="fresh: every continuation pays its own rewriting; reuse: "
         "the task's persistent rewrite cache (hits recorded as hits)")
-    run_id: str | None = None
-    resume: str | None = None
-    recover: bool = False
-    locust_workers: int = Field(default=0, ge=0)
-    step_limit: int | None = Field(default=None, gt=0)
-    results_dir: str = Field(default_factory=lambda: str(results_dir()))
+    run_id: str | None = Field(default=None, description="name the run folder (default: "
+                               "regime and UTC time)")
+    resume: str | None = Field(default=None, description="continue this run id with its own "
+                               "settings (a setting given again must match)")
+    recover: bool = Field(default=False, description="re-run failed arms later as recovery "
+                          "runs (sensitivity analysis only)")
+    locust_workers: int = Field(default=0, ge=0, description="locust worker processes for the "
+                                "background load (0: one local process)")
+    step_limit: int | None = Field(default=None, gt=0, description="postfork model calls per "
+                                   "arm (default: the task's)")
+    results_dir: str = Field(default_factory=lambda: str(results_dir()),
+                             description="where run folders go (default: results/)")
     external_url: str | None = Field(
         default=None, description="the external compressor's URL; default on CPU: the "
         "embedded Gemma server (cpu-gemma-compressor) on port + 1, started when needed")
-    prompt: str = "telegraphic"
+    prompt: str = Field(default="telegraphic", description="the frozen rewrite prompt")
     fast_start: bool = Field(
-        default=False, description="FAST_START=1: start the profile's server with "
+        default=False, description="start the profile's server with "
         "--optimization-level 0 (no torch.compile): a cold start of seconds instead of minutes, "
         "but steps 18-28% slower on cpu-tiny, so the run is marked and compares only with runs "
         "made the same way; no effect on a server already running")
     selfcheck: bool = Field(default=True, description="run the serve-time self-check before "
-                            "the first block (SELFCHECK=0 skips it; the manifest says so)")
-    speculative: bool | None = Field(default=None, description="SPEC=1: the profile's opt-in "
-                                     "speculative decoding (None: as the profile has it)")
-    expert_parallel: bool | None = Field(default=None, description="EP=1: expert parallelism")
+                            "the first block (0 skips it; the manifest says so)")
+    speculative: bool | None = Field(default=None, description="the profile's opt-in "
+                                     "speculative decoding (unset: as the profile has it)")
+    expert_parallel: bool | None = Field(default=None, description="the profile's opt-in "
+                                         "expert parallelism (unset: as the profile has it)")
     token_ids: bool = Field(default=True, description="ask for every arm request's token ids "
-                            "(vLLM's return_token_ids) for cache-break accounting; "
-                            "TOKEN_IDS=0 for a server that refuses the field")
+                            "(vLLM's return_token_ids) for cache-break accounting; 0 for a "
+                            "server that refuses the field")
     stream_deadline_s: float = Field(
-        default=600.0, gt=0, description="STREAM_DEADLINE: the longest silence tolerated on a "
+        default=600.0, gt=0, description="the longest silence tolerated on a "
         "target stream (a queued request's wait for its first token included); a stream silent "
         "longer is cut and the arm fails with that reason")
     compressor_deadline_s: float = Field(
-        default=300.0, gt=0, description="COMPRESSOR_DEADLINE: the same for compressor streams")
+        default=300.0, gt=0, description="the same for compressor streams")
     arm_wall_s: float = Field(
-        default=3600.0, gt=0, description="ARM_WALL_S: the longest postfork part of one arm; "
+        default=3600.0, gt=0, description="the longest postfork part of one arm; "
         "past it the arm ends as TimeExceeded (a censored duration)")
     stall_s: float = Field(
-        default=120.0, gt=0, description="STALL_S: the watchdog stops the run when requests are "
+        default=120.0, gt=0, description="the watchdog stops the run when requests are "
         "in flight, the server still answers /health, and no stream has produced a token for "
         "this long (a server that answers but no longer streams)")
     sweep: SweepSettings = Field(default_factory=SweepSettings,
                                  description="REGIME=sweep only: levels and their length")
 
-    @field_validator("server_url", "external_url")
+    @field_validator("base_url", "external_url")
     @classmethod
     def _url(cls, value: str | None) -> str | None:
         return None if value is None else server_url(value)
@@ -163,12 +181,12 @@ class BenchConfig(BaseModel):
     @classmethod
     def _arms(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         if not value:
-            raise ValueError("give at least one arm (ARMS=clean,self)")
+            raise ValueError("give at least one arm (e.g. arms=clean,self)")
         if len(set(value)) != len(value):
             raise ValueError(f"arms repeat: {', '.join(value)}")
         if REFERENCE not in value:
             raise ValueError("the arms must include clean, the reference every change is paired "
-                             f"against (got {', '.join(value)}); e.g. ARMS=clean,{value[0]}")
+                             f"against (got {', '.join(value)}); e.g. arms=clean,{value[0]}")
         from compaction_bench.histories.policies.registry import UnknownArmError, parse_arm
 
         for name in value:

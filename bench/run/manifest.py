@@ -59,7 +59,7 @@ def build_manifest(config: BenchConfig, profile: Profile, *, run_id: str, api_ur
             "command": build_command(ServerConfig(profile=profile, port=config.port,
                                                   fast_start=config.fast_start),
                                      profile.model.source),
-            "external": config.server_url is not None,
+            "external": config.base_url is not None,
         },
         "histories": histories,
         "seeds": {"block_order": config.seed, "sampling": config.seed},

@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import time
 from collections.abc import Callable
-from contextlib import ExitStack
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -26,194 +24,90 @@ import numpy as np
 
 from compaction_bench.bench.analysis.load import block_load
 from compaction_bench.bench.analysis.paired import helper_waits
-from compaction_bench.bench.analysis.runfolder import (
-    ArmRecord,
-    BlockRecord,
-    read_run,
-    write_json,
-)
-from compaction_bench.bench.report.run_report import ReportFiles, write_report
+from compaction_bench.bench.analysis.runfolder import ArmRecord, BlockRecord, read_run
 from compaction_bench.bench.run.arm import Arm
 from compaction_bench.bench.run.block import BlockSettings, run_block
-from compaction_bench.bench.run.compressors import build_arms, open_compressors
-from compaction_bench.bench.run.config import (
-    SWEEP,
-    BenchConfig,
-    default_blocks,
-    regime_users,
-)
-from compaction_bench.bench.run.manifest import build_manifest, history_hashes
-from compaction_bench.bench.run.phases import PhaseLog
+from compaction_bench.bench.run.config import SWEEP, BenchConfig, default_blocks, regime_users
 from compaction_bench.bench.run.progress import Progress
-from compaction_bench.bench.run.resume import (
-    block_passes,
-    failed_arms,
-    fingerprint,
-    history_paths,
-    open_run,
-    resumed_config,
-)
+from compaction_bench.bench.run.resume import block_passes, failed_arms
+from compaction_bench.bench.run.session import Report, RunOutcome, Session, run_session
 from compaction_bench.bench.run.stop import RunStop
-from compaction_bench.bench.run.telemetry import run_telemetry, selfcheck, service_probe
+from compaction_bench.bench.run.telemetry import run_telemetry, service_probe
 from compaction_bench.bench.run.watchdog import Watchdog
 from compaction_bench.bench.run.writer import RunWriter
-from compaction_bench.common.errors import ExitCode, SuiteError
-from compaction_bench.common.files import RecordWriteError
-from compaction_bench.histories.agent.chat import config_for_profile
-from compaction_bench.histories.agent.sandbox import confinement
-from compaction_bench.histories.compaction.ledger import Ledger
-from compaction_bench.histories.tasks.task import load_task
 from compaction_bench.loadgen.background import BackgroundLoadError, ServiceProbe
-from compaction_bench.serve.launcher import ServerConfig, is_healthy, server_for, server_version
-from compaction_bench.serve.profile import Profile, resolve_profile
-
-LOAD_SAMPLE_S = 0.5  # how often the monitor samples the background load's state
-DEFAULT_KV_BLOCK = 16  # vLLM's KV block size where a profile sets none
+from compaction_bench.serve.launcher import is_healthy
+from compaction_bench.serve.profile import Profile
 
 
-@dataclass(frozen=True)
-class RunOutcome:
-    run_dir: Path
-    records: list[ArmRecord]
-    report: ReportFiles | None
-    aborted: str | None
-    exit_code: ExitCode = ExitCode.OK  # FAILED, or INTERRUPTED for a signal
-
-
-@dataclass
-class _Run:
-    """What one run of `run_bench` carries between its phases."""
-
-    config: BenchConfig
-    profile: Profile
-    run_id: str
-    run_dir: Path
-    manifest: dict[str, Any] | None
-    origin: float
-    users: int
-    total: int
-    done: set[int]
-    passes: dict[int, int]
-    stop: RunStop
-
-    @property
-    def hint(self) -> str:
-        return f"finished records are in {self.run_dir}; continue with RESUME={self.run_id}"
-
-
-def run_bench(config: BenchConfig, *, stream: TextIO = sys.stderr) -> RunOutcome:
-    config = resumed_config(config)
+def run_bench(config: BenchConfig, *, stream: TextIO = sys.stderr,
+              report: Report | None = None) -> RunOutcome:
+    """One `make bench`: blocks under a regime, or the load-response sweep (REGIME=sweep);
+    `report(run_dir, seed)` writes the report afterwards (the CLI passes it)."""
     if config.regime == SWEEP:  # closed-loop fleets instead of blocks: bench/run/sweep.py
-        from compaction_bench.bench.run.sweep import run_sweep
+        from compaction_bench.bench.run.sweep import Sweep
 
-        return run_sweep(config, stream=stream)
-    profile = resolve_profile(config.profile)
-    if config.speculative is not None or config.expert_parallel is not None:
-        profile = profile.with_features(speculative=config.speculative,
-                                        expert_parallel=config.expert_parallel)
-    task = load_task(config.task)
-    task.check_runnable()
-    sandbox = confinement()  # before anything starts: no unconfined agent unless asked
-    paths = history_paths(config.task, config.arms)
-    prints = fingerprint(config, profile, paths)
-    run_id, run_dir, manifest = open_run(config, prints)
-    users = regime_users(config.regime, profile)
-    done, passes = block_passes(run_dir, config.regime, config.arms)
-    run = _Run(config=config, profile=profile, run_id=run_id, run_dir=run_dir,
-               manifest=manifest, users=users,
-               origin=float(manifest["clock_origin_monotonic"]) if manifest else time.monotonic(),
-               total=config.blocks or (int(manifest["regime"]["blocks"]) if manifest
-                                       else default_blocks(config.regime, profile)),
-               done=done, passes=passes, stop=RunStop())
-    records: list[ArmRecord] = []
-    aborted = None
-    # the handlers cover cleanup and the report: a late Ctrl-C cannot leave a server running
-    # or a report half-written
-    phases = PhaseLog(run_dir, run.origin)
-    invoked = time.monotonic()
-    with run.stop.signals(stream):
-        with ExitStack() as stack:
-            with phases.phase("server_start"):
-                url = stack.enter_context(server_for(
-                    ServerConfig(profile=profile, port=config.port,
-                                 fast_start=config.fast_start), config.server_url))
-            compressors = stack.enter_context(
-                open_compressors(config, profile, url, run_dir, run.origin, phases))
-            with phases.phase("selfcheck"):
-                check = selfcheck(config, url, profile, run_dir)
-            arms = build_arms(config, paths, compressors)
-            model = config_for_profile(profile, url, config.seed).model_copy(
-                update={"request_timeout_s": config.stream_deadline_s})
-            if config.token_ids:  # prompt and completion ids come back: cache-break accounting
-                model = model.model_copy(update={"extra_body": {**model.extra_body,
-                                                                "return_token_ids": True}})
-            with phases.phase("service_probe"):
-                probe = service_probe(url, profile, users)
-            if run.manifest is None:
-                run.manifest = build_manifest(
-                    config, profile, run_id=run_id, api_url=url,
-                    server_version=server_version(url), histories=history_hashes(paths),
-                    users=users, blocks=run.total)
-                run.manifest.update({
-                    "clock_origin_monotonic": run.origin, "fingerprint": prints,
-                    "structured_text": model.structured_text,
-                    "service_probe": asdict(probe) if probe else None, "selfcheck": check,
-                    "sandbox": sandbox.describe()})
-                write_json(run_dir / "manifest.json", run.manifest)
-            print(f"[bench] run {run_id}: {config.regime}, {users} background users, blocks "
-                  f"{len(done)}/{run.total} already done, arms {', '.join(config.arms)}, agent "
-                  f"commands confined by {sandbox.level} -> {run_dir}", file=stream, flush=True)
-            settings = BlockSettings(
-                config=config, run_id=run_id, task=task, model=model,
-                protocol=config.protocol_for(profile),
-                block_size=profile.engine_args.block_size or DEFAULT_KV_BLOCK,
-                ledger=Ledger(run_dir / "ledger.jsonl"),
-                # the clock origin is this run's own and the manifest keeps it for RESUME
-                run_salt=f"{run_id}-{run.origin:.6f}")
-            records, aborted = _blocks(run, arms, settings, url, probe, stream)
-        phases.add("invocation", invoked, time.monotonic())  # up to the report's start
-        if run.stop.reason is not None:
-            aborted = run.stop.reason.message
-            if "RESUME=" not in aborted:
-                aborted += f"; {run.hint}"
-        report = None
-        if records or done:
-            try:
-                report = write_report(run_dir, seed=config.seed)
-            except (OSError, SuiteError) as exc:  # a full disk: the records are safe
-                why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-                aborted = ((aborted + "; ") if aborted else "") + (
-                    f"the report could not be written ({why.splitlines()[0]}); once fixed, "
-                    f"`make report RUN={run_id}` writes it from the records")
-    code = (run.stop.reason.exit_code if run.stop.reason is not None
-            else ExitCode.FAILED if aborted else ExitCode.OK)
-    return RunOutcome(run_dir=run_dir, records=records, report=report, aborted=aborted,
-                      exit_code=code)
+        return run_session(config, Sweep(), stream=stream)  # its document is `make plan`
+    return run_session(config, Blocks(), stream=stream, report=report)
 
 
-def _blocks(run: _Run, arms: list[Arm], settings: BlockSettings, url: str,
-            probe: ServiceProbe | None, stream: TextIO) -> tuple[list[ArmRecord], str | None]:
+class Blocks:
+    """The kind of run that runs blocks of arms under a regime (the session does the rest)."""
+
+    name = "blocks"
+
+    def __init__(self) -> None:
+        self.users = 0
+        self.total = 0
+        self.done: set[int] = set()
+        self.passes: dict[int, int] = {}
+        self.probe: ServiceProbe | None = None
+
+    def adjust(self, config: BenchConfig, profile: Profile) -> BenchConfig:
+        return config
+
+    def prints(self, config: BenchConfig, profile: Profile) -> dict[str, Any]:
+        return {}
+
+    def prepare(self, session: Session) -> dict[str, Any]:
+        config, profile, manifest = session.config, session.profile, session.manifest
+        self.users = regime_users(config.regime, profile)
+        self.done, self.passes = block_passes(session.run_dir, config.regime, config.arms)
+        self.total = config.blocks or (int(manifest["regime"]["blocks"]) if manifest
+                                       else default_blocks(config.regime, profile))
+        with session.phases.phase("service_probe"):
+            self.probe = service_probe(session.url, profile, self.users)
+        return {"users": self.users, "blocks": self.total,
+                "service_probe": asdict(self.probe) if self.probe else None}
+
+    def run(self, session: Session) -> tuple[list[ArmRecord], str | None]:
+        config = session.config
+        session.say(f"[bench] run {session.run_id}: {config.regime}, {self.users} background "
+                    f"users, blocks {len(self.done)}/{self.total} already done, arms "
+                    f"{', '.join(config.arms)}, agent commands confined by "
+                    f"{session.sandbox.level} -> {session.run_dir}")
+        return _blocks(self, session)
+
+
+def _blocks(run: Blocks, session: Session) -> tuple[list[ArmRecord], str | None]:
     """Every block not done yet, under the run's telemetry and watchdog: (records, why the run
     ended early or None). A stop (signal, watchdog, unwritable records) ends it at once."""
-    config, stop = run.config, run.stop
-
-    def unwritable(exc: RecordWriteError) -> None:
-        stop.stop(f"{exc}".splitlines()[0] + "; free space or fix the folder, then "
-                  f"continue with RESUME={run.run_id}")
-
-    writer = RunWriter(run.run_dir, run.origin, on_failure=unwritable)
-    stop.on_stop = writer.cancel
+    config, stop, url, arms = session.config, session.stop, session.url, session.arms
+    settings = session.settings
+    assert settings is not None
+    writer = session.writer()
     for name in writer.repaired:
-        print(f"[bench] {name}: its last line was cut short by a crash; readers skip it and new "
-              "records start on a fresh line", file=stream, flush=True)
-    progress = Progress(total_blocks=run.total, url=url, stream=stream)
+        session.say(f"[bench] {name}: its last line was cut short by a crash; readers skip it "
+                    "and new records start on a fresh line")
+    progress = Progress(total_blocks=run.total, url=url, stream=session.stream)
     progress.done = len(run.done)
     records: list[ArmRecord] = []
     aborted = None
     try:
-        with run_telemetry(config, url, run.run_dir, run.origin, run.users, run.profile,
-                        probe) as telemetry, \
-                Watchdog(url, config.stall_s, lambda why: _stop_for(stop, f"{why}; {run.hint}"),
+        with run_telemetry(config, url, session.run_dir, session.origin, run.users,
+                           session.profile, run.probe) as telemetry, \
+                Watchdog(url, config.stall_s,
+                         lambda why: _stop_for(stop, f"{why}; {session.hint}"),
                          healthy=is_healthy, sampler=telemetry.sampler):
             monitor = telemetry.monitor
             progress.start()
@@ -226,9 +120,8 @@ def _blocks(run: _Run, arms: list[Arm], settings: BlockSettings, url: str,
                 found, closed, waits = _one_block(arms, settings, block, writer, progress,
                                                   run.users, block_pass, lambda: is_healthy(url))
                 if closed and waits:  # the compressor is up now: the block again, fairly
-                    print(f"[bench] block {block}: {waits[0]}; it runs again as pass "
-                          f"{block_pass + 1} (the first pass stays on record, invalid)",
-                          file=stream, flush=True)
+                    session.say(f"[bench] block {block}: {waits[0]}; it runs again as pass "
+                                f"{block_pass + 1} (the first pass stays on record, invalid)")
                     records += found
                     found, closed, _ = _one_block(arms, settings, block, writer, progress,
                                                   run.users, block_pass + 1,
@@ -237,16 +130,16 @@ def _blocks(run: _Run, arms: list[Arm], settings: BlockSettings, url: str,
                 if not closed:
                     aborted = (f"the server at {url} stopped answering during block {block} "
                                f"(the block is left open: RESUME runs it again in full); "
-                               f"{run.hint} after restarting it")
+                               f"{session.hint} after restarting it")
                     break
             if monitor is not None and aborted is None:
                 monitor.load.check()  # the last block's load is checked like every other
             if config.recover and aborted is None:
-                records += _recover(arms, settings, run.run_dir, writer)
+                records += _recover(arms, settings, session.run_dir, writer)
     except BackgroundLoadError as exc:
         aborted = (f"{exc}".splitlines()[0] + f"; the blocks so far are on record in "
-                   f"{run.run_dir} (a block whose load failed is marked invalid); continue "
-                   f"with RESUME={run.run_id}")
+                   f"{session.run_dir} (a block whose load failed is marked invalid); continue "
+                   f"with RESUME={session.run_id}")
     except KeyboardInterrupt as exc:
         stop.interrupted(exc)
     finally:

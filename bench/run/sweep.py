@@ -34,39 +34,27 @@ crash cut short again, as its next pass (`block_pass`); the plan reads only a ce
 
 from __future__ import annotations
 
-import sys
-import time
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import httpx
 import numpy as np
 
-from compaction_bench.bench.analysis.runfolder import ArmRecord, write_json
+from compaction_bench.bench.analysis.runfolder import ArmRecord
 from compaction_bench.bench.run.arm import Arm
 from compaction_bench.bench.run.block import BlockSettings
-from compaction_bench.bench.run.compressors import build_arms, open_compressors
 from compaction_bench.bench.run.config import SWEEP, BenchConfig
 from compaction_bench.bench.run.fleet import CellOutcome, run_cell
-from compaction_bench.bench.run.manifest import build_manifest, history_hashes
-from compaction_bench.bench.run.phases import PhaseLog
-from compaction_bench.bench.run.resume import fingerprint, history_paths, open_run, resumed_config
-from compaction_bench.bench.run.runner import DEFAULT_KV_BLOCK, RunOutcome
+from compaction_bench.bench.run.session import Session
 from compaction_bench.bench.run.stop import RunStop
-from compaction_bench.bench.run.telemetry import selfcheck
 from compaction_bench.bench.run.watchdog import Watchdog
 from compaction_bench.bench.run.writer import RunWriter
-from compaction_bench.common.errors import ExitCode
-from compaction_bench.common.files import JsonlWriter, RecordWriteError, read_jsonl
+from compaction_bench.common.files import JsonlWriter, read_jsonl
 from compaction_bench.common.net import server_url
-from compaction_bench.histories.agent.chat import config_for_profile
-from compaction_bench.histories.agent.sandbox import confinement
-from compaction_bench.histories.compaction.ledger import Ledger
-from compaction_bench.histories.tasks.task import load_task
 from compaction_bench.serve.engineinfo import cache_config
-from compaction_bench.serve.launcher import ServerConfig, is_healthy, server_for, server_version
-from compaction_bench.serve.profile import resolve_profile
+from compaction_bench.serve.launcher import is_healthy
+from compaction_bench.serve.profile import Profile
 
 SWEEP_FILE = "sweep.jsonl"
 # On a CPU the embedded model cannot reason, so the sweep only shows the machinery: two model
@@ -118,105 +106,74 @@ def sweep_config(config: BenchConfig, engine: str) -> BenchConfig:
     return config.model_copy(update=update) if update else config
 
 
-def run_sweep(config: BenchConfig, *, stream: TextIO = sys.stderr) -> RunOutcome:
-    """Run every (arm, level) cell not done yet; see the module docstring. Stops as a block
-    run does (bench/run/stop.py): a signal, the watchdog or unwritable records end it at once,
-    the cut cell without its `sweep.jsonl` line, so `RESUME` runs it again as its next pass."""
-    config = resumed_config(config)
-    profile = resolve_profile(config.profile)
-    if config.speculative is not None or config.expert_parallel is not None:
-        profile = profile.with_features(speculative=config.speculative,
-                                        expert_parallel=config.expert_parallel)
-    config = sweep_config(config, profile.engine)
-    task = load_task(config.task)
-    task.check_runnable()
-    sandbox = confinement()  # before anything starts: no unconfined agent unless asked
-    paths = history_paths(config.task, config.arms)
-    levels = config.sweep.levels_for(profile.engine_args.max_num_seqs)
-    prints = {**fingerprint(config, profile, paths),
-              "sweep": {**config.sweep.model_dump(mode="json"), "levels": list(levels)}}
-    run_id, run_dir, manifest = open_run(config, prints)
-    done, passes = finished_cells(run_dir)
-    cells = [(level, arm) for level in levels for arm in config.arms]
-    origin = float(manifest["clock_origin_monotonic"]) if manifest else time.monotonic()
-    hint = f"finished cells are in {run_dir}; continue with RESUME={run_id}"
-    stop = RunStop()
-    records: list[ArmRecord] = []
-    aborted = None
-    phases = PhaseLog(run_dir, origin)  # where the wall time outside the cells goes
-    invoked = time.monotonic()
-    with stop.signals(stream), ExitStack() as run_stack:
-        with phases.phase("server_start"):
-            url = run_stack.enter_context(server_for(
-                ServerConfig(profile=profile, port=config.port, fast_start=config.fast_start),
-                config.server_url))
-        compressors = run_stack.enter_context(
-            open_compressors(config, profile, url, run_dir, origin, phases))
-        with phases.phase("selfcheck"):
-            check = selfcheck(config, url, profile, run_dir)
-        arms = {a.name: a for a in build_arms(config, paths, compressors)}
-        model = config_for_profile(profile, url, config.seed).model_copy(
-            update={"request_timeout_s": config.stream_deadline_s})
-        if manifest is None:
-            manifest = build_manifest(config, profile, run_id=run_id, api_url=url,
-                                      server_version=server_version(url),
-                                      histories=history_hashes(paths), users=0,
-                                      blocks=len(cells))
-            manifest.update({"clock_origin_monotonic": origin, "fingerprint": prints,
-                             "structured_text": model.structured_text, "selfcheck": check,
-                             "sandbox": sandbox.describe(),
-                             "sweep": {"levels": list(levels), "arms": list(config.arms),
-                                       "step_limit": config.step_limit,
-                                       "settings": config.sweep.model_dump(mode="json"),
-                                       "server_cache_config": _server_cache_config(url)}})
-            write_json(run_dir / "manifest.json", manifest)
-        todo = [(n, a) for n, a in cells if (a, n) not in done]
-        print(f"[sweep] run {run_id}: levels {', '.join(map(str, levels))}, arms "
-              f"{', '.join(config.arms)}, {len(cells) - len(todo)}/{len(cells)} cells already "
-              f"done, step limit {config.step_limit or task.spec.step_limit}, agent commands "
-              f"confined by {sandbox.level} -> {run_dir}", file=stream, flush=True)
+class Sweep:
+    """The kind of run that measures every (arm, level) cell not done yet (module docstring);
+    it stops as a block run does (bench/run/stop.py): a signal, the watchdog or unwritable
+    records end it at once, the cut cell without its `sweep.jsonl` line, so `RESUME` runs it
+    again as its next pass."""
 
-        def unwritable(exc: RecordWriteError) -> None:
-            stop.stop(f"{exc}".splitlines()[0] + "; free space or fix the folder, then "
-                      f"continue with RESUME={run_id}")
+    name = "sweep"
 
-        writer = RunWriter(run_dir, origin, on_failure=unwritable)
-        stop.on_stop = writer.cancel
-        settings = BlockSettings(
-            config=config, run_id=run_id, task=task, model=model,
-            protocol=config.protocol_for(profile),
-            block_size=profile.engine_args.block_size or DEFAULT_KV_BLOCK,
-            ledger=Ledger(run_dir / "ledger.jsonl"))
-        cells_out = JsonlWriter(run_dir / SWEEP_FILE)
+    def __init__(self) -> None:
+        self.levels: tuple[int, ...] = ()
+        self.done: set[tuple[str, int]] = set()
+        self.passes: dict[tuple[str, int], int] = {}
+
+    def adjust(self, config: BenchConfig, profile: Profile) -> BenchConfig:
+        self.levels = config.sweep.levels_for(profile.engine_args.max_num_seqs)
+        return sweep_config(config, profile.engine)
+
+    def prints(self, config: BenchConfig, profile: Profile) -> dict[str, Any]:
+        return {"sweep": {**config.sweep.model_dump(mode="json"), "levels": list(self.levels)}}
+
+    def prepare(self, session: Session) -> dict[str, Any]:
+        config = session.config
+        self.done, self.passes = finished_cells(session.run_dir)
+        return {"users": 0, "blocks": len(self.levels) * len(config.arms),
+                "sweep": {"levels": list(self.levels), "arms": list(config.arms),
+                          "step_limit": config.step_limit,
+                          "settings": config.sweep.model_dump(mode="json"),
+                          "server_cache_config": _server_cache_config(session.url)}}
+
+    def run(self, session: Session) -> tuple[list[ArmRecord], str | None]:
+        config, stop = session.config, session.stop
+        cells = [(level, arm) for level in self.levels for arm in config.arms]
+        todo = [(n, a) for n, a in cells if (a, n) not in self.done]
+        session.say(f"[sweep] run {session.run_id}: levels {', '.join(map(str, self.levels))}, "
+                    f"arms {', '.join(config.arms)}, {len(cells) - len(todo)}/{len(cells)} "
+                    f"cells already done, step limit "
+                    f"{config.step_limit or session.task.spec.step_limit}, agent commands "
+                    f"confined by {session.sandbox.level} -> {session.run_dir}")
+        writer = session.writer()
+        cells_out = JsonlWriter(session.run_dir / SWEEP_FILE)
+        records: list[ArmRecord] = []
+        aborted = None
+        assert session.settings is not None
         try:
             with ExitStack() as stack:
                 from compaction_bench.loadgen.gpu import GpuSampler
                 from compaction_bench.loadgen.metrics import MetricsSampler
 
-                sampler = stack.enter_context(MetricsSampler(url, run_dir / "metrics.jsonl",
-                                                             origin=origin))
-                stack.enter_context(GpuSampler(run_dir / "gpu.jsonl", origin=origin))
+                sampler = stack.enter_context(MetricsSampler(
+                    session.url, session.run_dir / "metrics.jsonl", origin=session.origin))
+                stack.enter_context(GpuSampler(session.run_dir / "gpu.jsonl",
+                                               origin=session.origin))
                 stack.enter_context(Watchdog(
-                    url, config.stall_s, lambda why: _stop_for(stop, f"{why}; {hint}"),
+                    session.url, config.stall_s,
+                    lambda why: _stop_for(stop, f"{why}; {session.hint}"),
                     healthy=is_healthy, sampler=sampler))
-                records, aborted = _cells(levels, config, arms, done, passes, settings,
-                                          writer, cells_out, stop, url, hint, stream)
+                records, aborted = _cells(
+                    self.levels, config, {a.name: a for a in session.arms}, self.done,
+                    self.passes, session.settings, writer, cells_out, stop, session.url,
+                    session.hint, session)
         except KeyboardInterrupt as exc:
             stop.interrupted(exc)
         finally:
             cells_out.close()
             writer.close()
-        phases.add("invocation", invoked, time.monotonic())
-    if stop.reason is not None:
-        aborted = stop.reason.message
-        if "RESUME=" not in aborted:
-            aborted += f"; {hint}"
-    if aborted is None:
-        print(f"[sweep] done: make plan RUN={run_id}", file=stream, flush=True)
-    code = (stop.reason.exit_code if stop.reason is not None
-            else ExitCode.FAILED if aborted else ExitCode.OK)
-    return RunOutcome(run_dir=run_dir, records=records, report=None, aborted=aborted,
-                      exit_code=code)
+        if aborted is None and not stop.stopped:
+            session.say(f"[sweep] done: make plan RUN={session.run_id}")
+        return records, aborted
 
 
 def _stop_for(stop: RunStop, message: str) -> None:
@@ -226,7 +183,7 @@ def _stop_for(stop: RunStop, message: str) -> None:
 def _cells(levels: tuple[int, ...], config: BenchConfig, arms: dict[str, Arm],
            done: set[tuple[str, int]], passes: dict[tuple[str, int], int],
            settings: BlockSettings, writer: RunWriter, cells_out: JsonlWriter, stop: RunStop,
-           url: str, hint: str, stream: TextIO) -> tuple[list[ArmRecord], str | None]:
+           url: str, hint: str, session: Session) -> tuple[list[ArmRecord], str | None]:
     """Every cell not done yet, levels ascending, arms in a seeded order per level: (records,
     why the sweep ended early or None)."""
     records: list[ArmRecord] = []
@@ -243,7 +200,7 @@ def _cells(levels: tuple[int, ...], config: BenchConfig, arms: dict[str, Arm],
             writer.sync()
             records += outcome.records
             cells_out.write(outcome.line)
-            print(_cell_line(outcome), file=stream, flush=True)
+            session.say(_cell_line(outcome))
             if not is_healthy(url):
                 return records, (f"the server at {url} stopped answering during {name} "
                                  f"N={level}; {hint} after restarting it")

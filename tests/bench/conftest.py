@@ -122,12 +122,10 @@ BenchCli = Callable[..., subprocess.CompletedProcess[str]]
 
 @pytest.fixture
 def bench_cli() -> BenchCli:
-    """`python -m compaction_bench.bench.cli ...` as a user runs it (through the one error
-    handler)."""
+    """`compaction-bench ...` as a user runs it (through the one error handler)."""
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "compaction_bench.bench.cli", *args],
-                              capture_output=True,
-                              text=True, timeout=300, check=False)
+        return subprocess.run([sys.executable, "-m", "compaction_bench", *args],
+                              capture_output=True, text=True, timeout=300, check=False)
 
     return run
 

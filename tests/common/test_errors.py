@@ -11,8 +11,9 @@ from compaction_bench.common.errors import ExitCode
 from compaction_bench.common.net import api_url, free_port, server_url
 
 
-def run(*args: str, module: str = "compaction_bench.bench.cli") -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True,
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    """`compaction-bench ARGS` as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "compaction_bench", *args], capture_output=True,
                           text=True, timeout=120, check=False)
 
 
@@ -23,16 +24,19 @@ def last_line(result: subprocess.CompletedProcess[str]) -> str:
     return lines[-1]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(("args", "code", "needle"), [
-    (("run", "--blocks", "0"), ExitCode.USAGE, "--blocks"),
-    (("run", "--regime", "busy"), ExitCode.USAGE, "unknown regime 'busy'"),
-    (("run", "--profile", "nope"), ExitCode.USAGE, "unknown profile 'nope'"),
-    (("run", "--port", "70000"), ExitCode.USAGE, "--port"),
-    (("run", "--base-url", "ftp://x"), ExitCode.USAGE, "not a server URL"),
+    (("bench", "blocks=0"), ExitCode.USAGE, "blocks: Input should be greater than 0"),
+    (("bench", "regime=busy"), ExitCode.USAGE, "regime: Input should be"),
+    (("bench", "profile=nope"), ExitCode.USAGE, "unknown profile 'nope'"),
+    (("bench", "PORT=70000"), ExitCode.USAGE, "port: Input should be less than 65536"),
+    (("bench", "base_url=ftp://x"), ExitCode.USAGE, "not a server URL"),
+    (("bench", "blocks"), ExitCode.USAGE, "give settings as name=value"),
+    (("bench", "--config", "/no/such.toml"), ExitCode.USAGE, "/no/such.toml: no such settings"),
     (("report", "/no/such/run"), ExitCode.USAGE, "no such run folder"),
     (("nonsense",), ExitCode.USAGE, "No such command"),
 ])
-def test_bench_cli_failures_are_one_line(args: tuple[str, ...], code: int, needle: str) -> None:
+def test_cli_failures_are_one_line(args: tuple[str, ...], code: int, needle: str) -> None:
     result = run(*args)
     assert result.returncode == code, result.stderr
     line = last_line(result)
@@ -41,16 +45,18 @@ def test_bench_cli_failures_are_one_line(args: tuple[str, ...], code: int, needl
         assert len([x for x in result.stderr.splitlines() if x.strip()]) == 1, result.stderr
 
 
+@pytest.mark.e2e
 def test_histories_cli_unknown_task_is_one_line() -> None:
-    result = run("arms", "--task", "nope", module="compaction_bench.histories.cli")
+    result = run("histories", "arms", "--task", "nope")
     assert result.returncode == ExitCode.USAGE
     assert "no clean history" in last_line(result) or "unknown task" in last_line(result)
 
 
+@pytest.mark.e2e
 def test_dead_server_is_unavailable_with_the_url(tmp_path: object) -> None:
     port = free_port()
-    result = run("run", "--profile", "cpu-tiny", "--base-url", f"http://127.0.0.1:{port}",
-                 "--arms", "clean", "--blocks", "1")
+    result = run("bench", "profile=cpu-tiny", f"base_url=http://127.0.0.1:{port}",
+                 "arms=clean", "blocks=1")
     assert result.returncode == ExitCode.UNAVAILABLE, result.stderr
     assert f"127.0.0.1:{port}" in last_line(result)
 

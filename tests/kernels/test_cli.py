@@ -23,11 +23,12 @@ NEEDS_NO_GPU = pytest.mark.skipif(torch.cuda.is_available(),
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "compaction_bench.kernels.cli", *args], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "compaction_bench", "kernels", *args], cwd=REPO,
                           env=ENV,
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.e2e
 @NEEDS_NO_GPU
 def test_device_check_says_it_needs_a_gpu_in_one_line() -> None:
     for done in (cli("device-check"),
@@ -39,6 +40,7 @@ def test_device_check_says_it_needs_a_gpu_in_one_line() -> None:
         assert lines == ["error: needs a CUDA GPU; on this machine run `make kernels`"]
 
 
+@pytest.mark.e2e
 def test_check_prints_every_measured_level_with_its_heldout_error(tmp_path: Path) -> None:
     shape = shape_for_profile("cpu-tiny")
     limits = measured_limits("cpu", bandwidth_bytes_per_s=10e9, flops={"bf16": 400e9},
@@ -59,6 +61,7 @@ def test_check_prints_every_measured_level_with_its_heldout_error(tmp_path: Path
     assert "on H200 ms" in out and "not validated" in out
 
 
+@pytest.mark.e2e
 def test_check_of_a_missing_file_is_one_line() -> None:
     done = cli("check", "/nonexistent/results.json")
     assert done.returncode == 2
@@ -67,6 +70,7 @@ def test_check_of_a_missing_file_is_one_line() -> None:
         f"to {REPO / 'kernels' / 'results'})"]
 
 
+@pytest.mark.e2e
 def test_limits_lists_every_row_with_its_sources() -> None:
     done = cli("limits")
     assert done.returncode == 0

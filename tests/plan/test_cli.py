@@ -1,5 +1,4 @@
-"""`make plan` as a user runs it: `python -m compaction_bench.plan.cli RUN_DIR`, on a sweep, on the
-study's
+"""`make plan` as a user runs it: `compaction-bench plan RUN_DIR`, on a sweep, on the study's
 imported B300 records (no sweep), and on bad input."""
 
 from __future__ import annotations
@@ -10,13 +9,17 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from compaction_bench.bench.analysis.study import import_study
 from compaction_bench.plan.planfile import PLAN_SCHEMA, PLAN_SCHEMA_VERSION
 from compaction_bench.plan.planner import NO_SWEEP
 
+pytestmark = pytest.mark.e2e
+
 
 def plan_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "compaction_bench.plan.cli", *args],
+    return subprocess.run([sys.executable, "-m", "compaction_bench", "plan", *args],
                           capture_output=True,
                           text=True, timeout=300, check=False)
 

@@ -19,9 +19,9 @@ from compaction_bench.serve.profile import load_profile
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "compaction_bench.serve.cli", *args],
-                          capture_output=True,
-                          text=True, timeout=120, env={**os.environ, **(env or {})}, check=False)
+    return subprocess.run([sys.executable, "-m", "compaction_bench", *args],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **(env or {})}, check=False)
 
 
 def assert_one_clear_line(result: subprocess.CompletedProcess[str], *needles: str,
@@ -34,16 +34,19 @@ def assert_one_clear_line(result: subprocess.CompletedProcess[str], *needles: st
         assert needle in lines[0]
 
 
+@pytest.mark.e2e
 def test_cli_unknown_profile() -> None:
-    assert_one_clear_line(cli("run", "--profile", "nope"), "unknown profile 'nope'", "cpu-tiny")
+    assert_one_clear_line(cli("serve", "--profile", "nope"), "unknown profile 'nope'", "cpu-tiny")
 
 
+@pytest.mark.e2e
 def test_cli_malformed_profile(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text('name = "bad"\n')
-    assert_one_clear_line(cli("run", "--profile", str(bad)), str(bad), "field description")
+    assert_one_clear_line(cli("serve", "--profile", str(bad)), str(bad), "field description")
 
 
+@pytest.mark.e2e
 def test_port_in_use_names_port_and_holder() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -52,15 +55,16 @@ def test_port_in_use_names_port_and_holder() -> None:
         with pytest.raises(PortInUseError) as err:
             check_port("127.0.0.1", port)
         assert f"port {port} on 127.0.0.1 is already in use by pid {os.getpid()}" in str(err.value)
-        result = cli("run", "--profile", "cpu-tiny", "--port", str(port))
+        result = cli("serve", "--profile", "cpu-tiny", "--port", str(port))
         assert_one_clear_line(result, f"port {port}", f"PORT={port + 1}")
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(bool(detect_gpus()), reason="this machine has a GPU")
 def test_gpu_profile_on_a_cpu_machine_says_so() -> None:
     with pytest.raises(EngineUnavailableError, match=r"has no NVIDIA GPU.*PROFILE=cpu-tiny"):
         check_engine(load_profile("b300-deepseek-v4-flash-nvfp4"))
-    assert_one_clear_line(cli("run", "--profile", "h200-gpt-oss-120b"), "needs 1 NVIDIA GPU",
+    assert_one_clear_line(cli("serve", "--profile", "h200-gpt-oss-120b"), "needs 1 NVIDIA GPU",
                           code=ExitCode.UNAVAILABLE)
 
 

@@ -185,12 +185,14 @@ def test_every_engine_flag_of_a_gpu_profile_carries_a_comment() -> None:
                 assert _documented(lines, i), f"{name}: {stripped}"
 
 
+@pytest.mark.e2e
 def test_dry_run_prints_command_environment_and_plan_for_every_profile() -> None:
     for name in known_profiles():
         if load_profile(name).engine == "fake":  # no vLLM command: see the fake test below
             continue
-        result = subprocess.run([sys.executable, "-m", "compaction_bench.serve.cli", "show", name],
-                                capture_output=True, text=True, timeout=120, check=False)
+        result = subprocess.run([sys.executable, "-m", "compaction_bench", "serve", "--profile",
+                                 name, "--dry-run"], capture_output=True, text=True,
+                                timeout=120, check=False)
         assert result.returncode == 0, result.stderr
         out = result.stdout
         p = load_profile(name)
@@ -200,10 +202,9 @@ def test_dry_run_prints_command_environment_and_plan_for_every_profile() -> None
         assert f"minimum {p.vllm.minimum}" in out
 
 
-def test_makefile_serve_has_a_dry_run_that_calls_show() -> None:
+def test_makefile_serve_passes_dry_run() -> None:
     makefile = (repo_root() / "Makefile").read_text()
-    assert "ifdef DRY_RUN" in makefile
-    assert "-m compaction_bench.serve.cli show $(PROFILE)" in makefile
+    assert "$(CB) serve $(SERVE_FLAGS)" in makefile and "$(if $(DRY_RUN),--dry-run)" in makefile
 
 
 def test_opt_in_features_reach_the_command_only_when_on() -> None:

@@ -30,6 +30,7 @@ def _first_line_names_the_cache(message: str) -> None:
     assert "see the retention setting" in line, line
 
 
+@pytest.mark.e2e
 def test_a_server_that_caches_nothing_is_refused_with_the_cache_message() -> None:
     with FakeProcess(FakeConfig(cached_tokens=0, ttft_ms=1, itl_ms=1)) as fake:
         with pytest.raises(SelfCheckError) as err:
@@ -52,6 +53,7 @@ def test_a_server_that_caches_nothing_is_refused_with_the_cache_message() -> Non
     assert "Self-check " in cold[0]["content"]
 
 
+@pytest.mark.e2e
 def test_cached_tokens_the_counters_do_not_show_fail_the_metrics_check() -> None:
     # the fake reports 256 cached tokens per request, but its prefix_cache_hits never moves
     with (FakeProcess(FakeConfig(cached_tokens=256, ttft_ms=1, itl_ms=1)) as fake,
@@ -65,6 +67,7 @@ def test_cached_tokens_the_counters_do_not_show_fail_the_metrics_check() -> None
                       "server": "pass"}
 
 
+@pytest.mark.e2e
 def test_reasoning_and_tool_profiles_check_the_fields_the_history_format_reads() -> None:
     profile = load_profile("h200-gpt-oss-120b")
     with FakeProcess(FakeConfig(cached_tokens=0, ttft_ms=1, itl_ms=1)) as fake:
@@ -97,10 +100,11 @@ def test_plan_follows_the_profile_block_size_and_retention() -> None:
     assert "128-token blocks" in tiny and "reasoning: not run" in tiny
 
 
+@pytest.mark.e2e
 def test_cli_check_ends_in_one_line_with_the_cache_message() -> None:
     with FakeProcess(FakeConfig(cached_tokens=0, ttft_ms=1, itl_ms=1)) as fake:
         result = subprocess.run(
-            [sys.executable, "-m", "compaction_bench.serve.cli", "check", "--profile", "cpu-tiny",
+            [sys.executable, "-m", "compaction_bench", "check", "--profile", "cpu-tiny",
              "--base-url",
              fake.api_url], capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == ExitCode.UNAVAILABLE, result.stderr

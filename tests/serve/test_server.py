@@ -116,7 +116,7 @@ def test_foreground_serve_ctrl_c_stops_every_process(tmp_path: Path) -> None:
     port = free_port()
     env = {**os.environ, "API_KEY": "test-key", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "compaction_bench.serve.cli", "run", "--profile", "cpu-tiny",
+        [sys.executable, "-m", "compaction_bench", "serve", "--profile", "cpu-tiny",
          "--port", str(port),
          "--fast-start"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
@@ -146,7 +146,7 @@ def test_foreground_serve_ctrl_c_stops_every_process(tmp_path: Path) -> None:
     _assert_gone(tree)
 
     started = subprocess.run(
-        [sys.executable, "-m", "compaction_bench.serve.cli", "run", "--profile", "cpu-tiny",
+        [sys.executable, "-m", "compaction_bench", "serve", "--profile", "cpu-tiny",
          "--port", str(port),
          "--fast-start",
          "--background"], capture_output=True, text=True, timeout=600, check=False)
@@ -154,7 +154,7 @@ def test_foreground_serve_ctrl_c_stops_every_process(tmp_path: Path) -> None:
     pid = int(re.search(r"pid (\d+)", started.stdout).group(1))  # type: ignore[union-attr]
     tree = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
     assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).status_code == 200
-    stopped = subprocess.run([sys.executable, "-m", "compaction_bench.serve.cli", "stop",
+    stopped = subprocess.run([sys.executable, "-m", "compaction_bench", "stop",
                               "--port", str(port)],
                              capture_output=True, text=True, timeout=120, check=False)
     assert f"stopped server on port {port}" in stopped.stdout

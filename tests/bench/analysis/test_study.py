@@ -119,11 +119,12 @@ def test_the_study_data_ships_inside_the_project() -> None:
     assert data_root().resolve().is_relative_to(repo_root().resolve())
 
 
+@pytest.mark.e2e
 def test_report_study_runs_from_anywhere(tmp_path: Path) -> None:
     """`make report-study` as a user runs it: from another folder, nothing beside the repo."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("COMPBENCH_")}
     done = subprocess.run(
-        [sys.executable, "-m", "compaction_bench.bench.cli", "report-study", "--out",
+        [sys.executable, "-m", "compaction_bench", "report-study", "--out",
          str(tmp_path / "s")],
         cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
         env={**env, "COMPBENCH_RESULTS": str(tmp_path)})

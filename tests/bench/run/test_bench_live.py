@@ -25,8 +25,8 @@ ROOT = repo_root()
 
 def run_bench(server: Server, tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "compaction_bench.bench.cli", "run", "--profile", "cpu-tiny",
-         "--base-url", server.api_url, "--external-url", server.api_url, "--step-limit", "2",
+        [sys.executable, "-m", "compaction_bench", "bench", "profile=cpu-tiny",
+         f"base_url={server.api_url}", f"external_url={server.api_url}", "step_limit=2",
          *args], cwd=ROOT, capture_output=True, text=True, timeout=900, check=False,
         env={**os.environ, "COMPBENCH_RESULTS": str(tmp)})
 
@@ -37,8 +37,8 @@ def lines(path: Path) -> list[dict[str, Any]]:
 
 def test_dedicated_blocks_complete_as_independent_repeats(cpu_server: Server,
                                                          tmp_path: Path) -> None:
-    done = run_bench(cpu_server, tmp_path, "--regime", "dedicated", "--blocks", "3",
-                     "--run-id", "ded")
+    done = run_bench(cpu_server, tmp_path, "regime=dedicated", "blocks=3",
+                     "run_id=ded")
     assert done.returncode == 0, done.stdout + done.stderr
     run = tmp_path / "ded"
     arms = lines(run / "arms.jsonl")
@@ -89,8 +89,8 @@ def test_dedicated_blocks_complete_as_independent_repeats(cpu_server: Server,
 
 
 def test_overloaded_block_queues_requests(cpu_server: Server, tmp_path: Path) -> None:
-    done = run_bench(cpu_server, tmp_path, "--regime", "overloaded", "--blocks", "1",
-                     "--run-id", "ovl")
+    done = run_bench(cpu_server, tmp_path, "regime=overloaded", "blocks=1",
+                     "run_id=ovl")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "[bench] run ovl: overloaded, 8 background users" in done.stderr
     run = tmp_path / "ovl"

@@ -9,16 +9,20 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from compaction_bench.common.net import free_port
 from compaction_bench.common.paths import repo_root
 from compaction_bench.loadgen.fakeprocess import FakeConfig, FakeProcess
 
+pytestmark = pytest.mark.e2e
+
 
 def bench(tmp: Path, url: str, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "compaction_bench.bench.cli", "run", "--profile", "cpu-tiny",
-         "--base-url", url,
-         "--arms", "clean", "--step-limit", "4", "--no-selfcheck", *args],
+        [sys.executable, "-m", "compaction_bench", "bench", "profile=cpu-tiny",
+         f"base_url={url}",
+         "arms=clean", "step_limit=4", "selfcheck=0", *args],
         cwd=repo_root(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True, env={**os.environ, "COMPBENCH_RESULTS": str(tmp)})
 
@@ -28,8 +32,8 @@ def test_killed_server_keeps_records_and_resume_continues(tmp_path: Path) -> Non
     # slow tokens: each model request takes ~2 s, so the arm is mid-flight when the server dies
     config = FakeConfig(port=port, ttft_ms=200, itl_ms=30, tokens=60)
     fake = FakeProcess(config).start()
-    run = bench(tmp_path, fake.api_url, "--regime", "dedicated", "--blocks", "2",
-                "--run-id", "killed")
+    run = bench(tmp_path, fake.api_url, "regime=dedicated", "blocks=2",
+                "run_id=killed")
     requests_file = tmp_path / "killed" / "requests.jsonl"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # wait until one request has finished, then kill
@@ -53,7 +57,7 @@ def test_killed_server_keeps_records_and_resume_continues(tmp_path: Path) -> Non
 
     fake = FakeProcess(FakeConfig(port=port, ttft_ms=20, itl_ms=2, tokens=60)).start()
     try:
-        resumed = bench(tmp_path, fake.api_url, "--regime", "dedicated", "--resume", "killed")
+        resumed = bench(tmp_path, fake.api_url, "regime=dedicated", "resume=killed")
         out, _ = resumed.communicate(timeout=300)
     finally:
         fake.stop()

@@ -27,10 +27,9 @@ def lines(path: Path) -> list[dict[str, Any]]:
 def test_policy_arms_run_with_ledgers_and_exact_cache_accounting(cpu_server: Server,
                                                                  tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "compaction_bench.bench.cli", "run", "--profile", "cpu-tiny",
-         "--base-url",
-         cpu_server.api_url, "--arms", ",".join(ARMS), "--blocks", "1", "--step-limit", "3",
-         "--cache", "run", "--no-selfcheck", "--run-id", "policies"], cwd=repo_root(),
+        [sys.executable, "-m", "compaction_bench", "bench", "profile=cpu-tiny",
+         f"base_url={cpu_server.api_url}", "arms=" + ",".join(ARMS), "blocks=1", "step_limit=3",
+         "cache=run", "selfcheck=0", "run_id=policies"], cwd=repo_root(),
         capture_output=True, text=True, timeout=900, check=False,
         env={**os.environ, "COMPBENCH_RESULTS": str(tmp_path)})
     assert done.returncode == 0, done.stdout + done.stderr

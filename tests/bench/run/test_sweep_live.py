@@ -29,11 +29,11 @@ def lines(path: Path) -> list[dict[str, Any]]:
 def test_a_short_sweep_and_its_plan(cpu_server: Server, tmp_path: Path) -> None:
     env = {**os.environ, "COMPBENCH_RESULTS": str(tmp_path)}
     done = subprocess.run(
-        [sys.executable, "-m", "compaction_bench.bench.cli", "run", "--regime", "sweep",
-         "--profile", "cpu-tiny",
-         "--base-url", cpu_server.api_url, "--arms", "clean,self", "--levels", "1,2",
-         "--sweep-min-continuations", "2", "--step-limit", "2", "--no-selfcheck",
-         "--run-id", "sw"], cwd=ROOT, capture_output=True, text=True, timeout=900,
+        [sys.executable, "-m", "compaction_bench", "bench", "regime=sweep",
+         "profile=cpu-tiny",
+         f"base_url={cpu_server.api_url}", "arms=clean,self", "sweep.levels=1,2",
+         "sweep.min_continuations=2", "step_limit=2", "selfcheck=0",
+         "run_id=sw"], cwd=ROOT, capture_output=True, text=True, timeout=900,
         check=False, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "[sweep] done: make plan RUN=sw" in done.stderr
@@ -62,7 +62,7 @@ def test_a_short_sweep_and_its_plan(cpu_server: Server, tmp_path: Path) -> None:
     assert manifest["sweep"]["server_cache_config"]["block_size"] == "128"
 
     planned = subprocess.run(
-        [sys.executable, "-m", "compaction_bench.plan.cli", str(run), "--costmodel", CPU_COSTS,
+        [sys.executable, "-m", "compaction_bench", "plan", str(run), "--costmodel", CPU_COSTS,
          "--bootstrap", "300"], cwd=ROOT, capture_output=True, text=True, timeout=300,
         check=False, env=env)
     assert planned.returncode == 0, planned.stderr

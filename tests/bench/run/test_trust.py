@@ -20,6 +20,8 @@ from compaction_bench.common.errors import ExitCode
 from compaction_bench.common.paths import repo_root
 from compaction_bench.loadgen.fakeprocess import FakeConfig, FakeProcess
 
+pytestmark = pytest.mark.e2e
+
 # A text-protocol turn whose thought is longer than the identity rule (12 words), so the compact
 # arms send it to their compressor before the next request; `ls` keeps the agent going.
 LONG_LS = ("THOUGHT: I will list the files of this repository to find the module that holds "
@@ -34,9 +36,9 @@ def lines(path: Path) -> list[dict[str, Any]]:
 def bench(tmp: Path, url: str, *args: str, compressor: str | None = None,
           env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "compaction_bench.bench.cli", "run", "--profile", "cpu-tiny",
-         "--base-url", url,
-         "--external-url", compressor or url, "--step-limit", "3", "--no-selfcheck", *args],
+        [sys.executable, "-m", "compaction_bench", "bench", "profile=cpu-tiny",
+         f"base_url={url}",
+         f"external_url={compressor or url}", "step_limit=3", "selfcheck=0", *args],
         cwd=repo_root(), capture_output=True, text=True, timeout=600, check=False,
         env={**os.environ, "COMPBENCH_RESULTS": str(tmp), **(env or {})})
 
@@ -49,8 +51,8 @@ def target() -> Iterator[FakeProcess]:
 
 def test_blocks_are_independent_repeats_with_recorded_seeds(target: FakeProcess,
                                                             tmp_path: Path) -> None:
-    done = bench(tmp_path, target.api_url, "--blocks", "3", "--arms", "clean,placebo",
-                 "--run-id", "seeds")
+    done = bench(tmp_path, target.api_url, "blocks=3", "arms=clean,placebo",
+                 "run_id=seeds")
     assert done.returncode == 0, done.stderr
     run = tmp_path / "seeds"
     arms = lines(run / "arms.jsonl")
@@ -91,8 +93,8 @@ def test_blocks_are_independent_repeats_with_recorded_seeds(target: FakeProcess,
     assert invocation["blocks"] == 3 and invocation["wall_s"] >= invocation["blocks_s"] > 0
     assert "harness share per block" in report and "harness outside server start" in report
 
-    independent = bench(tmp_path, target.api_url, "--blocks", "1", "--arms", "clean,placebo",
-                        "--seeds", "independent", "--cache", "isolated", "--run-id", "indep")
+    independent = bench(tmp_path, target.api_url, "blocks=1", "arms=clean,placebo",
+                        "seeds=independent", "cache=isolated", "run_id=indep")
     assert independent.returncode == 0, independent.stderr
     per_arm = {a["arm"]: a["seed"] for a in lines(tmp_path / "indep" / "arms.jsonl")}
     assert per_arm["clean"] != per_arm["placebo"]
@@ -110,11 +112,10 @@ def test_stopping_the_external_compressor_fails_the_arm_with_a_reason(
                                         default_content="Files listed; find median.")).start()
     run = tmp_path / "comp"
     process = subprocess.Popen(
-        [sys.executable, "-m", "compaction_bench.bench.cli", "run", "--profile", "cpu-tiny",
-         "--base-url",
-         target.api_url, "--external-url", compressor.api_url, "--step-limit", "3",
-         "--no-selfcheck",
-         "--blocks", "3", "--arms", "clean,external", "--run-id", "comp"],
+        [sys.executable, "-m", "compaction_bench", "bench", "profile=cpu-tiny",
+         f"base_url={target.api_url}", f"external_url={compressor.api_url}", "step_limit=3",
+         "selfcheck=0",
+         "blocks=3", "arms=clean,external", "run_id=comp"],
         cwd=repo_root(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "COMPBENCH_RESULTS": str(tmp_path)})
     deadline = time.monotonic() + 120
@@ -147,8 +148,8 @@ def test_stopping_the_external_compressor_fails_the_arm_with_a_reason(
 def test_a_broken_workspace_leaves_a_failed_record_and_recovery_reruns_it(
         tmp_path: Path) -> None:
     with FakeProcess(FakeConfig(ttft_ms=5, itl_ms=1, default_content=RM_GIT)) as fake:
-        done = bench(tmp_path, fake.api_url, "--blocks", "1", "--arms", "clean",
-                     "--run-id", "git")
+        done = bench(tmp_path, fake.api_url, "blocks=1", "arms=clean",
+                     "run_id=git")
     assert done.returncode == 0, done.stderr
     run = tmp_path / "git"
     (arm,) = lines(run / "arms.jsonl")
@@ -156,17 +157,17 @@ def test_a_broken_workspace_leaves_a_failed_record_and_recovery_reruns_it(
     assert "patch capture" in arm["error"] and arm["postfork_s"] > 0
     assert len(lines(run / "blocks.jsonl")) == 1
     with FakeProcess(FakeConfig(ttft_ms=5, itl_ms=1, default_content=LONG_LS)) as fake:
-        again = bench(tmp_path, fake.api_url, "--resume", "git", "--recover")
+        again = bench(tmp_path, fake.api_url, "resume=git", "recover=1")
     assert again.returncode == 0, again.stderr
     attempts = [(a["attempt"], a["status"]) for a in lines(run / "arms.jsonl")]
     assert attempts == [("original", "failed"), ("recovery", "complete")]
 
 
 def test_resume_refuses_a_changed_run(target: FakeProcess, tmp_path: Path) -> None:
-    assert bench(tmp_path, target.api_url, "--blocks", "1", "--arms", "clean",
-                 "--run-id", "same").returncode == 0
-    changed = bench(tmp_path, target.api_url, "--resume", "same", "--task", "fix-slugify",
-                    "--arms", "clean")
+    assert bench(tmp_path, target.api_url, "blocks=1", "arms=clean",
+                 "run_id=same").returncode == 0
+    changed = bench(tmp_path, target.api_url, "resume=same", "task=fix-slugify",
+                    "arms=clean")
     assert changed.returncode == ExitCode.USAGE
     (line,) = [x for x in changed.stderr.splitlines() if x.strip()]
     assert line.startswith("error: cannot resume same: this is not the same run:")
@@ -176,13 +177,13 @@ def test_resume_refuses_a_changed_run(target: FakeProcess, tmp_path: Path) -> No
 
 def test_a_block_a_crash_cut_short_runs_again_as_a_new_pass(target: FakeProcess,
                                                           tmp_path: Path) -> None:
-    assert bench(tmp_path, target.api_url, "--blocks", "1", "--arms", "clean,placebo",
-                 "--run-id", "cut").returncode == 0
+    assert bench(tmp_path, target.api_url, "blocks=1", "arms=clean,placebo",
+                 "run_id=cut").returncode == 0
     run = tmp_path / "cut"
     (run / "blocks.jsonl").write_text("")  # as if the bench died before closing the block...
     kept = (run / "arms.jsonl").read_text().splitlines()[:1]  # ...with one arm on record
     (run / "arms.jsonl").write_text(kept[0] + "\n")
-    again = bench(tmp_path, target.api_url, "--resume", "cut")
+    again = bench(tmp_path, target.api_url, "resume=cut")
     assert again.returncode == 0, again.stderr
     arms = lines(run / "arms.jsonl")
     assert [a.get("block_pass") for a in arms] == [None, 2, 2]
@@ -197,8 +198,8 @@ def test_the_first_protocol_error_fails_a_strict_arm(tmp_path: Path, protocol: s
                                                      status: str) -> None:
     with FakeProcess(FakeConfig(ttft_ms=5, itl_ms=1, default_content=LONG_LS)) as fake:
         fake.script([{"content": "I forgot the action block."}])
-        done = bench(tmp_path, fake.api_url, "--blocks", "1", "--arms", "clean",
-                     "--protocol", protocol, "--run-id", protocol)
+        done = bench(tmp_path, fake.api_url, "blocks=1", "arms=clean",
+                     f"protocol={protocol}", f"run_id={protocol}")
     assert done.returncode == 0, done.stderr
     (arm,) = lines(tmp_path / protocol / "arms.jsonl")
     assert arm["status"] == status and arm["protocol"] == protocol and arm["format_errors"] == 1

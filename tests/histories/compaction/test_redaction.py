@@ -141,10 +141,10 @@ def test_corpus_recall_and_false_positives_hold_at_the_measured_figures(split: s
         scores.false_positives)
 
 
+@pytest.mark.e2e
 def test_the_benchmark_prints_recall_and_false_positive_rate() -> None:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
-    out = subprocess.run([sys.executable, "-m",
-                          "compaction_bench.histories.compaction.redaction_bench",
+    out = subprocess.run([sys.executable, "-m", "compaction_bench", "measure", "redaction",
                           "--repeat", "1", "--show", "0"], capture_output=True, text=True,
                          env=env, timeout=120, check=True).stdout
     assert "recall: 122/122 = 100.0%" in out and "== holdout-2 split ==" in out

@@ -1,0 +1,107 @@
+"""`compaction-bench`: the suite's one command. Its subcommands are the stages, each defined in
+its stage's own `cli.py` and gathered here; the `make` targets call them.
+
+    serve, check, stop, profiles, prepare-model    a vLLM server for a profile (serve/cli.py)
+    histories ...                                  agent histories and arm files (histories/)
+    bench, report, compare, report-study           runs and their documents (bench/cli.py)
+    plan                                           the GPU capacity plan of a run (plan/cli.py)
+    kernels ...                                    measured device costs (kernels/cli.py)
+    faults                                         injected faults (bench/faults/cli.py)
+    measure client|redaction|scorer                the suite's own parts, measured
+
+Every command ends a known failure with one line naming the cause and the fix, and an exit code
+from `common.errors.ExitCode` (`run_cli`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, NoReturn
+
+import typer
+from typer.models import CommandInfo
+
+import compaction_bench
+from compaction_bench.common.errors import run_cli
+
+app = typer.Typer(
+    name="compaction-bench", no_args_is_help=True, add_completion=False,
+    pretty_exceptions_enable=False,
+    help="Does compacting an agent's old reasoning make it finish sooner, and how many GPUs "
+    "does the fleet then need? Serve a model, run blocks of arms under load, report, plan.")
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"compaction-bench {compaction_bench.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(version: Annotated[bool, typer.Option(
+        "--version", callback=_version, is_eager=True, help="print the version and exit")
+         ] = False) -> None:
+    """compaction-bench: compaction's effect on agents' time and GPUs, measured."""
+
+
+def _adopt(source: typer.Typer, names: dict[str, str] | None = None) -> None:
+    """Register `source`'s commands at the top level (renamed where `names` says)."""
+    for info in source.registered_commands:
+        name = info.name or (info.callback.__name__.replace("_", "-") if info.callback else "")
+        app.registered_commands.append(CommandInfo(**{
+            **info.__dict__, "name": (names or {}).get(name, name)}))
+
+
+def _build() -> None:
+    from compaction_bench.bench import cli as bench_cli
+    from compaction_bench.bench.faults import cli as faults_cli
+    from compaction_bench.histories import cli as histories_cli
+    from compaction_bench.kernels import cli as kernels_cli
+    from compaction_bench.plan import cli as plan_cli
+    from compaction_bench.serve import cli as serve_cli
+
+    _adopt(serve_cli.app)
+    app.add_typer(histories_cli.app, name="histories")
+    _adopt(bench_cli.app)
+    _adopt(plan_cli.app)
+    app.add_typer(kernels_cli.app, name="kernels")
+    _adopt(faults_cli.app, {"main": "faults"})
+    app.add_typer(measure, name="measure")
+
+
+measure = typer.Typer(no_args_is_help=True, add_completion=False,
+                      help="Measure the suite's own parts: the streaming client's timing "
+                      "accuracy, redaction recall, the proxy scorer's cost.")
+PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+
+@measure.command("client", context_settings=PASS_THROUGH)
+def measure_client(ctx: typer.Context) -> None:
+    """The streaming client's timing accuracy against vLLM's and AIPerf's clients (options:
+    `compaction-bench measure client --help`)."""
+    from compaction_bench.loadgen.client_bench import main as client_main
+
+    client_main(list(ctx.args))
+
+
+@measure.command("redaction", context_settings=PASS_THROUGH)
+def measure_redaction(ctx: typer.Context) -> None:
+    """Redaction recall and false positives on the labelled corpus."""
+    from compaction_bench.histories.compaction.redaction_bench import app as redaction
+
+    redaction(args=list(ctx.args), standalone_mode=False)
+
+
+@measure.command("scorer", context_settings=PASS_THROUGH)
+def measure_scorer(ctx: typer.Context) -> None:
+    """The proxy scorer's seconds per call on this machine's device."""
+    from compaction_bench.histories.policies.scorer_bench import app as scorer
+
+    scorer(args=list(ctx.args), standalone_mode=False)
+
+
+_build()
+
+
+def entry() -> NoReturn:
+    """The console script `compaction-bench`."""
+    run_cli(app)

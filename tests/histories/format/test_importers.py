@@ -29,14 +29,15 @@ RECORDS = sorted(STUDY_DIR.glob("*__rep-*.json"))
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    """`python -m compaction_bench.histories.cli ...`, as a user runs it."""
-    return subprocess.run([sys.executable, "-m", "compaction_bench.histories.cli", *args],
+    """`compaction-bench histories ...`, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "compaction_bench", "histories", *args],
                           capture_output=True,
                           text=True, timeout=120, check=False)
 
 
 def test_the_study_records_ship_with_the_project() -> None:
-    assert len(RECORDS) == 6, f"{STUDY_DIR} should hold the study's six continuation records"
+    # 12 LiveCodeBench and 6 decision-task records of two models (data/study/SOURCES.md)
+    assert len(RECORDS) == 18, f"{STUDY_DIR} should hold the study's 18 continuation records"
 
 
 def call(call_id: str, command: str) -> dict[str, Any]:
@@ -358,6 +359,7 @@ def test_shipped_study_histories_match_a_fresh_import(record: Path) -> None:
         assert shipped == fresh
 
 
+@pytest.mark.e2e  # runs the CLI as a child process
 def test_cli_converts_all_study_records(tmp_path: Path) -> None:
     done = cli("import-study", str(STUDY_DIR), "--out", str(tmp_path / "out"))
     assert done.returncode == 0, done.stderr
@@ -367,6 +369,7 @@ def test_cli_converts_all_study_records(tmp_path: Path) -> None:
     assert done.stdout.count(".json") == len(written)
 
 
+@pytest.mark.e2e  # runs the CLI as a child process
 def test_cli_imports_one_file_and_reports_refusals(tmp_path: Path) -> None:
     source = write(tmp_path / "run.traj.json", msa_v2_toolcall())
     out = tmp_path / "histories" / "run" / "clean.json"

@@ -108,6 +108,15 @@ class ArmRecord:
     sweep_agent: int | None = None  # which of the N agents (0-based)
     sweep_index: int | None = None  # the agent's k-th continuation in its level (0-based)
     sweep_phase: str | None = None  # warmup | measured | drain (only measured ones are planned)
+    # replay (SOURCE=replay, loadgen/replay.py); None for live agents
+    source: str | None = None  # agent | replay
+    record: str | None = None  # the replay source (the recorded fork) this attempt replayed
+    continuation: str | None = None  # recorded (its own recorded turns) | history-only
+    forced_requests: int | None = None  # requests sent with a forced (recorded) length...
+    forced_exact: int | None = None  # ...and how many came back at exactly that length
+    recorded_completion_tokens: int | None = None  # the recorded turns' output, summed
+    recorded_postfork_s: float | None = None  # the recording's own request wall time, summed
+    tool_wait_s: float | None = None  # recorded tool time waited between turns
 
     @property
     def complete(self) -> bool:
@@ -148,6 +157,7 @@ class BlockRecord:
     load: dict[str, Any] | None = None
     invalid_reasons: tuple[str, ...] = ()
     block_pass: int | None = None  # which pass of the block this record closes (None: 1)
+    record: str | None = None  # replay: the recorded fork this block replayed
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The report of one run folder: report.md, report.html (plots embedded), plots/*.png and
 summary.json, all rendered from one `RunAnalysis`.
 
-Every figure states its n; an arm with fewer than MIN_BLOCKS_FOR_INTERVAL paired blocks says so
+Every figure states its n; an arm with fewer than MIN_UNITS_FOR_INTERVAL paired blocks says so
 instead of showing an interval.
 """
 
@@ -21,13 +21,10 @@ from compaction_bench.bench.analysis.paired import (
     RunAnalysis,
     analyze,
 )
+from compaction_bench.bench.analysis.replay import analyze_replay, identical_arms
 from compaction_bench.bench.analysis.runfolder import REFERENCE_ARM, RunRecords, read_run
 from compaction_bench.bench.analysis.serving import requests_table
-from compaction_bench.bench.analysis.stats import (
-    BOOTSTRAP_RESAMPLES,
-    MIN_BLOCKS_FOR_INTERVAL,
-    PairedChange,
-)
+from compaction_bench.bench.analysis.stats import PairedChange
 from compaction_bench.bench.analysis.study import import_study
 from compaction_bench.bench.analysis.summary import build_summary
 from compaction_bench.bench.report import plots
@@ -42,8 +39,10 @@ from compaction_bench.bench.report.document import (
     to_markdown,
 )
 from compaction_bench.bench.report.policy_report import policy_sections, policy_summary
+from compaction_bench.bench.report.replay_sections import replay_sections
 from compaction_bench.bench.report.sections import serving_sections, trust_sections
 from compaction_bench.common.files import write_bytes_atomic, write_json_atomic, write_text_atomic
+from compaction_bench.common.resampling import CONFIDENCE, MIN_UNITS_FOR_INTERVAL, RESAMPLES
 
 Metric = Callable[[ArmComparison], PairedChange]
 POSTFORK: Metric = lambda a: a.postfork  # noqa: E731
@@ -57,7 +56,8 @@ def _factors(manifest: Mapping[str, object]) -> list[str]:
     if not isinstance(config, dict):
         return []
     out = []
-    for key, label in (("seeds", "sampling seeds"), ("cache", "prefix cache"),
+    for key, label in (("source", "continuations"), ("side_by_side", "arms side by side"),
+                       ("seeds", "sampling seeds"), ("cache", "prefix cache"),
                        ("protocol", "protocol check"), ("rewrite_cache", "rewrite cache")):
         if key in config:
             out.append(f"{label}: {config[key] if config[key] is not None else 'default'}")
@@ -70,6 +70,17 @@ def _factors(manifest: Mapping[str, object]) -> list[str]:
         out.append(f"measured service time (background pacing): TTFT "
                    f"{probe.get('ttft_s', 0):.3f} s, {probe.get('tokens_per_s', 0):.1f} tokens/s")
     return out
+
+
+def _source_line(manifest: Mapping[str, object]) -> str:
+    """What the arms continued: a task with live agents, or replayed records."""
+    config = manifest.get("config")
+    replay = manifest.get("replay")
+    if isinstance(config, dict) and config.get("source") == "replay" and isinstance(replay, dict):
+        records = replay.get("records") or []
+        return (f"replayed records ({len(records)}): "
+                + ", ".join(map(str, records)) if isinstance(records, list) else "replay")
+    return f"task: {manifest.get('task', 'not stated (manifest.json missing or silent)')}"
 
 
 @dataclass(frozen=True)
@@ -91,7 +102,7 @@ def change_cell(change: PairedChange, *, with_n: bool = False) -> str:
         return "no paired blocks (n=0)"
     n = f" (n={change.n})" if with_n else ""
     if change.ci_low_pct is None or change.ci_high_pct is None:
-        return (f"{pct(change.median_pct)} (n={change.n}: fewer than {MIN_BLOCKS_FOR_INTERVAL} "
+        return (f"{pct(change.median_pct)} (n={change.n}: fewer than {MIN_UNITS_FOR_INTERVAL} "
                 "complete blocks, no interval)")
     return f"{pct(change.median_pct)} [{change.ci_low_pct:+.1f}, {change.ci_high_pct:+.1f}]{n}"
 
@@ -106,12 +117,22 @@ def _label(comparison: Comparison) -> str:
     return comparison.name
 
 
+IDENTICAL = "identical to clean: nothing was compacted"
+
+
+def arm_label(analysis: RunAnalysis, arm: str) -> str:
+    """An arm's name in a table, marked where its first request equalled clean's in every
+    block: its 'change' is then noise, and every table says so."""
+    return f"{arm} ({IDENTICAL})" if arm in identical_arms(analysis.records.arms) else arm
+
+
 def comparison_table(
     analysis: RunAnalysis, comparisons: Mapping[str, Comparison], metric: Metric, caption: str
 ) -> Table:
     """Table-12 style: one row per regime (and pooled), one change column per arm."""
     others = [a for a in analysis.arms if a != REFERENCE_ARM]
-    header = ("Regime", "Blocks", "clean median", *(f"{a}: change [95% CI]" for a in others),
+    header = ("Regime", "Blocks", "clean median",
+              *(f"{arm_label(analysis, a)}: change [95% CI]" for a in others),
               *(f"{a}: faster" for a in others))
     rows = []
     for comparison in comparisons.values():
@@ -175,7 +196,7 @@ def build_document(analysis: RunAnalysis, images: Mapping[str, bytes | None]) ->
     manifest = records.manifest
     run = Section("Run").add(Bullets((
         f"run id: {analysis.run_id}",
-        f"task: {manifest.get('task', 'not stated (manifest.json missing or silent)')}",
+        _source_line(manifest),
         f"profile: {manifest.get('profile', 'not stated')}",
         f"arms: {', '.join(analysis.arms) or 'none'} (reference: {REFERENCE_ARM})",
         f"regimes: {', '.join(analysis.regimes) or 'none'}",
@@ -183,8 +204,8 @@ def build_document(analysis: RunAnalysis, images: Mapping[str, bytes | None]) ->
         f"{len(records.requests)} requests, {len(records.metrics)} /metrics samples",
         *([f"notes: {manifest['notes']}"] if isinstance(manifest.get("notes"), str) else []),
         *_factors(manifest),
-        f"intervals: 95% percentile bootstrap of the median paired change, {BOOTSTRAP_RESAMPLES}"
-        f" block resamples, seed {analysis.seed}",
+        f"intervals: {100 * CONFIDENCE:g}% percentile bootstrap of the median paired change, "
+        f"{RESAMPLES} block resamples, seed {analysis.seed}",
         *overhead_lines(harness_overhead(records)),
     )))
     primary = Section("Postfork marginal time: complete original blocks").add(
@@ -197,6 +218,7 @@ def build_document(analysis: RunAnalysis, images: Mapping[str, bytes | None]) ->
     if not any(c.n_blocks for c in analysis.primary.values()):
         primary.add(Paragraph("No complete blocks: nothing to compare. The section 'Failures "
                               "and unusable blocks' says why."))
+    replay = analyze_replay(analysis)
     if images.get("paired_dots"):
         primary.add(Image("paired_dots.png", images["paired_dots"] or b"",
                           "Each point is one block's paired change; diamond: median, bar: 95% "
@@ -253,7 +275,7 @@ def build_document(analysis: RunAnalysis, images: Mapping[str, bytes | None]) ->
         ("Regime", "Arm", "reasoning tokens: median, paired change [95% CI]",
          "completion tokens: median, paired change [95% CI]",
          "history tokens: median, paired change [95% CI]"),
-        tuple((_label(c), a.arm, _token_cell(a.reasoning_tokens),
+        tuple((_label(c), arm_label(analysis, a.arm), _token_cell(a.reasoning_tokens),
                _token_cell(a.completion_tokens), _token_cell(a.history_tokens))
               for c in analysis.primary.values()
               if not (c.name == POOLED and len(analysis.regimes) == 1)
@@ -264,11 +286,13 @@ def build_document(analysis: RunAnalysis, images: Mapping[str, bytes | None]) ->
         "blocks used. Reasoning tokens are the server's usage figure, or for tagged-visible "
         "reasoning the thoughts counted with the server's tokenizer."))
     per_block = Section("Per-block records").add(Table(
-        ("Regime", "Block", "Start order", *(f"{a} postfork" for a in analysis.arms), "Use"),
+        ("Regime", "Block", "Start order",
+         *(f"{arm_label(analysis, a)} postfork" for a in analysis.arms), "Use"),
         tuple(_block_row(analysis, b) for b in analysis.blocks),
         "Changes in parentheses are against the same block's clean arm."))
     return Document(f"Run report: {analysis.run_id}", (
-        run, primary, sensitivity, failures, rewrite, tokens, *policy_sections(analysis),
+        run, primary, *(replay_sections(replay, analysis.arms) if replay else ()),
+        sensitivity, failures, rewrite, tokens, *policy_sections(analysis),
         per_block, *trust_sections(analysis), *serving_sections(analysis, images),
     ))
 

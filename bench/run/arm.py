@@ -4,6 +4,7 @@ invariant on the exact first request each attempt will send."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -21,11 +22,14 @@ from compaction_bench.histories.policies.base import CleanPolicy, HistoryPolicy
 from compaction_bench.histories.policies.compacting import policy_for
 from compaction_bench.histories.policies.registry import ArmSpec, parse_arm
 from compaction_bench.histories.tasks.task import Task
+from compaction_bench.loadgen.replay import ReplayPlan, ReplaySettings, first_body
 
 # Fields a request body may differ in between arms because the run set them on purpose (a
 # recorded factor), not because a policy touched the history: the per-arm cache salt (CACHE=
 # isolated) and the per-arm sampling seed (SEEDS=independent).
 FACTOR_FIELDS = ("cache_salt", "seed")
+# Replay forces each arm's own recorded output length: the recorded behaviour, not the history.
+REPLAY_FACTOR_FIELDS = (*FACTOR_FIELDS, "max_tokens", "min_tokens")
 
 
 class ArmError(SuiteError):
@@ -44,6 +48,7 @@ class AttemptContext:
     ledger: Ledger
     on_record: RecordSink | None = None
     origin_s: float = 0.0
+    record: str | None = None  # replay: the source this block replays
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,9 @@ class Arm:
     history: History
     new_policy: Callable[[AttemptContext], HistoryPolicy]  # a fresh policy per attempt
     fork_rewrite: Mapping[str, Any] = field(default_factory=dict)  # the arm file's T_R
+    # replay (bench/run/replay.py): the recorded turns it sends, per replay source; None: a live
+    # agent continues `history`
+    replay: Mapping[str, ReplayPlan] | None = None
 
 
 def fork_rewrite_cost(history: History) -> dict[str, Any]:
@@ -167,5 +175,35 @@ def check_on_the_wire(arm: Arm, arm_config: ChatModelConfig, clean: Arm,
     except InvariantError as exc:
         return WireCheck(sent_arm.body_sha256, {**report, "passed": False},
                          f"InvariantError: {exc}")
-    return WireCheck(sent_arm.body_sha256, {**report, "passed": True,
-                                            "reasoning_fields": checked.reasoning_fields}, None)
+    return WireCheck(sent_arm.body_sha256, {
+        **report, "passed": True, "reasoning_fields": checked.reasoning_fields,
+        "identical": not checked.reasoning_fields}, None)
+
+
+def check_replay_on_the_wire(arm: Arm, arm_settings: ReplaySettings, clean: Arm,
+                             clean_settings: ReplaySettings, context: AttemptContext
+                             ) -> WireCheck:
+    """The invariant for a replay attempt: the first request `arm` will send for the block's
+    source against clean's, as bytes on the wire. Only assistant reasoning (the field, or the
+    inlined thought where the model has no field) and the recorded factors may differ; the
+    report says whether nothing differs at all (`identical`: nothing was compacted)."""
+    from compaction_bench.loadgen.replay import compare_wire
+
+    assert arm.replay is not None and clean.replay is not None and context.record is not None
+    plan, reference = arm.replay[context.record], clean.replay[context.record]
+    sent_arm = first_body(plan, arm_settings, arm.new_policy(context))
+    sent_clean = first_body(reference, clean_settings, clean.new_policy(context))
+    body_arm, body_clean = json.loads(sent_arm), json.loads(sent_clean)
+    factors = sorted(k for k in REPLAY_FACTOR_FIELDS if body_arm.get(k) != body_clean.get(k))
+    for key in factors:
+        body_arm.pop(key, None)
+        body_clean.pop(key, None)
+    arm_sha = hashlib.sha256(sent_arm).hexdigest()
+    report: dict[str, Any] = {"clean_sha256": hashlib.sha256(sent_clean).hexdigest(),
+                              "arm_sha256": arm_sha, "factor_fields": factors}
+    try:
+        fields = compare_wire(body_clean, body_arm, arm_name=arm.name, source=context.record)
+    except InvariantError as exc:
+        return WireCheck(arm_sha, {**report, "passed": False}, f"InvariantError: {exc}")
+    return WireCheck(arm_sha, {**report, "passed": True, "reasoning_fields": fields,
+                               "identical": not fields}, None)

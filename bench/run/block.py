@@ -1,7 +1,8 @@
 """One block: every arm of one task continued side by side, one experimental client per arm.
 
 Order of events in a block:
-1. the arms' start order is drawn from the block's seeded generator and recorded;
+1. the arms' start order is drawn from the block's seeded generator and recorded (with
+   SIDE_BY_SIDE=0 the arms then run one after another in that order, each alone);
 2. each attempt gets its sampling seed (common or per arm), its cache salt (isolated cache) and
    a fresh policy, and the first request it will send is built and checked against clean's on
    the wire (the reasoning-only invariant);
@@ -23,11 +24,18 @@ import threading
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from compaction_bench.bench.analysis.runfolder import ArmRecord
-from compaction_bench.bench.run.arm import Arm, AttemptContext, WireCheck, check_on_the_wire
+from compaction_bench.bench.run.arm import (
+    Arm,
+    AttemptContext,
+    WireCheck,
+    check_on_the_wire,
+    check_replay_on_the_wire,
+)
 from compaction_bench.bench.run.config import REFERENCE, BenchConfig, arm_seed, derived_seed
 from compaction_bench.bench.run.writer import RunWriter
 from compaction_bench.common.timing import Clock, monotonic
@@ -36,11 +44,14 @@ from compaction_bench.histories.agent.continuation import ContinuationResult, co
 from compaction_bench.histories.compaction.ledger import Ledger
 from compaction_bench.histories.policies.base import HistoryPolicy
 from compaction_bench.histories.tasks.task import Task
+from compaction_bench.loadgen.background import ReplayOptions
+from compaction_bench.loadgen.replay import REPLAYED, ReplayResult, ReplaySettings, replay
 from compaction_bench.transport.request import PreparedRequest, RequestRecord
 
 # mini-swe-agent's terminal statuses: reaching one of them (without a transport error) is
 # protocol completion under the lenient protocol.
-TERMINAL = frozenset({"Submitted", "LimitsExceeded", "RepeatedFormatError", "TimeExceeded"})
+TERMINAL = frozenset({"Submitted", "LimitsExceeded", "RepeatedFormatError", "TimeExceeded",
+                      REPLAYED})
 SETUP_TIMEOUT_S = 900.0  # the longest the released arms wait for a sibling's setup
 
 
@@ -50,7 +61,7 @@ class BlockSettings:
 
     config: BenchConfig
     run_id: str
-    task: Task
+    task: Task | None  # None for replay: no agent, no workspace
     model: ChatModelConfig
     protocol: str  # strict | lenient
     block_size: int  # the server's KV block size (tokens), for the fork cache state
@@ -58,6 +69,13 @@ class BlockSettings:
     # CACHE=run: the run's one cache salt, unique to this run (a rerun under the same RUN_ID
     # must not find the earlier run's blocks) and kept on RESUME; None: the run id
     run_salt: str | None = None
+    # replay: how recorded turns reach the served model, and the sources blocks take in turn
+    replay_wire: ReplayOptions | None = None
+    records: tuple[str, ...] = ()
+
+    def record_for(self, block: int) -> str | None:
+        """The replay source block `block` replays (the records in turn); None for agents."""
+        return self.records[(block - 1) % len(self.records)] if self.records else None
 
 
 @dataclass(frozen=True)
@@ -69,6 +87,7 @@ class BlockOutcome:
     released_s: float | None
     ended_s: float
     block_pass: int = 1
+    record: str | None = None  # replay: the source the block replayed
 
 
 def cache_state(prompt: int | None, cached: int | None, block_size: int) -> str | None:
@@ -85,7 +104,10 @@ def _sum(values: list[int | None]) -> int | None:
     return sum(known) if known else None
 
 
-def protocol_error(arm: Arm, result: ContinuationResult, wire: WireCheck,
+Result = ContinuationResult | ReplayResult
+
+
+def protocol_error(arm: Arm, result: Result, wire: WireCheck,
                    policy: HistoryPolicy, protocol: str) -> tuple[str | None, str | None]:
     """(error, phase) of the protocol check, or (None, None) when the arm passes."""
     if result.error is not None:
@@ -108,7 +130,7 @@ def protocol_error(arm: Arm, result: ContinuationResult, wire: WireCheck,
     return None, None
 
 
-def arm_record(arm: Arm, result: ContinuationResult, *, policy: HistoryPolicy, wire: WireCheck,
+def arm_record(arm: Arm, result: Result, *, policy: HistoryPolicy, wire: WireCheck,
                settings: BlockSettings, regime: str, block: int, attempt: str, seed: int,
                salt: str | None, origin: float) -> ArmRecord:
     """One attempt's record: the protocol check and everything the analysis needs."""
@@ -141,7 +163,19 @@ def arm_record(arm: Arm, result: ContinuationResult, *, policy: HistoryPolicy, w
         rewrite_prompt_tokens=_sum([c.prompt_tokens for c in requests]),
         rewrite_completion_tokens=_sum([c.completion_tokens for c in requests]),
         rewrite_failed_blocks=sum(c.outcome == "failed" for c in compactions),
-        invariant=dict(wire.report), **dict(arm.fork_rewrite))
+        invariant=dict(wire.report), **dict(arm.fork_rewrite), **_replay_fields(arm, result))
+
+
+def _replay_fields(arm: Arm, result: Result) -> dict[str, Any]:
+    """What a replayed attempt adds to its record: its source, what its continuation carries,
+    and how many forced outputs came back at exactly their recorded length."""
+    if not isinstance(result, ReplayResult) or arm.replay is None:
+        return {"source": "agent"}
+    plan = arm.replay[result.source]
+    return {"source": "replay", "record": result.source, "continuation": plan.continuation,
+            "forced_requests": len(result.requests), "forced_exact": result.forced_exact,
+            "recorded_completion_tokens": plan.recorded_completion_tokens,
+            "recorded_postfork_s": plan.recorded_wall_s, "tool_wait_s": result.tool_wait_s}
 
 
 def failed_record(arm: Arm, *, regime: str, block: int, attempt: str, seed: int,
@@ -191,9 +225,19 @@ def run_block(arms: list[Arm], *, settings: BlockSettings, regime: str, block: i
         # block run again after a crash, or a rerun under the same RUN_ID, starts cold too
         run_salt = settings.run_salt or settings.run_id
         salt = (f"{run_salt}-b{block}-p{block_pass}-{arm.name}-{attempt}"
-                if config.cache == "isolated" else run_salt if config.cache == "run" else None)
+                if config.cache == "isolated" else f"{run_salt}-b{block}-p{block_pass}"
+                if config.cache == "block" else run_salt if config.cache == "run" else None)
         extra = {**settings.model.extra_body, **({"cache_salt": salt} if salt else {})}
         return settings.model.model_copy(update={"seed": seed, "extra_body": extra}), salt
+
+    record_name = settings.record_for(block) if any(a.replay for a in arms) else None
+
+    def replay_settings(config_: ChatModelConfig) -> ReplaySettings:
+        assert settings.replay_wire is not None
+        return ReplaySettings(api_url=config_.api_url, model_name=config_.model_name,
+                              wire=settings.replay_wire, tool_time=config.tool_time,
+                              extra_body=dict(config_.extra_body), api_key=config_.api_key,
+                              read_timeout_s=config_.request_timeout_s)
 
     def one(arm: Arm) -> None:
         seed = arm_seed(config, block, arm.name, attempt)
@@ -201,26 +245,38 @@ def run_block(arms: list[Arm], *, settings: BlockSettings, regime: str, block: i
                                  ledger=settings.ledger, origin_s=writer.origin,
                                  on_record=lambda r: writer.request(
                                      r, regime=regime, block=block,
-                                     source=f"{arm.name}/compressor", attempt=attempt))
+                                     source=f"{arm.name}/compressor", attempt=attempt),
+                                 record=record_name)
         gate = release.gate(arm.name)
         try:
             arm_config, salt = attempt_config(arm, seed)
             reference = clean or arm
             clean_seed = arm_seed(config, block, reference.name, attempt)
             clean_config = attempt_config(reference, clean_seed)[0]
-            wire = check_on_the_wire(arm, arm_config, reference, clean_config, settings.task,
-                                     context)
-            policy = arm.new_policy(context)
 
             def record_request(record: RequestRecord, _: PreparedRequest) -> None:
                 writer.request(record, regime=regime, block=block, source=arm.name,
                                attempt=attempt, **({"block_pass": block_pass}
                                                    if block_pass > 1 else {}))
 
-            result = continue_history(
-                arm.history, settings.task, arm_config, step_limit=config.step_limit,
-                clock=clock, policy=policy, on_request=record_request, gate=gate,
-                wall_time_s=config.arm_wall_s)
+            result: ContinuationResult | ReplayResult
+            if arm.replay is not None:
+                wire = check_replay_on_the_wire(arm, replay_settings(arm_config), reference,
+                                                replay_settings(clean_config), context)
+                policy = arm.new_policy(context)
+                assert record_name is not None
+                result = replay(arm.replay[record_name], replay_settings(arm_config),
+                                policy=policy, on_request=record_request, gate=gate,
+                                clock=clock, wall_time_s=config.arm_wall_s)
+            else:
+                assert settings.task is not None
+                wire = check_on_the_wire(arm, arm_config, reference, clean_config,
+                                         settings.task, context)
+                policy = arm.new_policy(context)
+                result = continue_history(
+                    arm.history, settings.task, arm_config, step_limit=config.step_limit,
+                    clock=clock, policy=policy, on_request=record_request, gate=gate,
+                    wall_time_s=config.arm_wall_s)
             record = arm_record(arm, result, policy=policy, wire=wire, settings=settings,
                                 regime=regime, block=block, attempt=attempt, seed=seed,
                                 salt=salt, origin=writer.origin)
@@ -234,18 +290,29 @@ def run_block(arms: list[Arm], *, settings: BlockSettings, regime: str, block: i
             record = failed_record(arm, regime=regime, block=block, attempt=attempt, seed=seed,
                                    error=f"InternalError: {type(exc).__name__}: {exc}{where}",
                                    phase="setup", settings=settings)
-            record = dataclasses.replace(record, block_pass=block_pass if block_pass > 1 else None)
+            record = dataclasses.replace(
+                record, block_pass=block_pass if block_pass > 1 else None,
+                source="replay" if arm.replay else "agent", record=record_name)
         writer.arm(record)
         records[arm.name] = record
 
     threads = [threading.Thread(target=one, args=(arm,), name=f"arm-{arm.name}", daemon=True)
                for arm in order]
-    for thread in threads:
-        thread.start()
-    released = release.release([a.name for a in order], clock)
-    for thread in threads:
-        thread.join()
+    if config.side_by_side is False:  # one after another, in the recorded order
+        released = None
+        for arm, thread in zip(order, threads, strict=True):
+            thread.start()
+            at = release.release([arm.name], clock)
+            released = released if released is not None else at
+            thread.join()
+    else:
+        for thread in threads:
+            thread.start()
+        released = release.release([a.name for a in order], clock)
+        for thread in threads:
+            thread.join()
     return BlockOutcome(records=[records[a.name] for a in order if a.name in records],
                         order=tuple(a.name for a in order),
                         seed=derived_seed(config.seed, block), started_s=started,
-                        released_s=released, ended_s=clock(), block_pass=block_pass)
+                        released_s=released, ended_s=clock(), block_pass=block_pass,
+                        record=record_name)

@@ -52,7 +52,8 @@ class Compressors:
 
 @contextmanager
 def open_compressors(config: BenchConfig, profile: Profile, target_url: str, run_dir: Path,
-                 origin: float, phases: PhaseLog) -> Iterator[Compressors]:
+                     origin: float, phases: PhaseLog, *, needed: set[str] | None = None
+                     ) -> Iterator[Compressors]:
     """`self`: the target's own `compressor` name. `external`: EXTERNAL_URL, or on CPU the
     embedded Gemma server on port + 1, started only when a block first needs a rewrite (on
     cpu-tiny none does: every block stays under the identity rule)."""
@@ -63,7 +64,8 @@ def open_compressors(config: BenchConfig, profile: Profile, target_url: str, run
         target_url, model=profile.model.compressor_name, prompt=config.prompt), config)}, {})
     from compaction_bench.histories.policies.registry import compressors_needed
 
-    if "external" not in compressors_needed(config.arms):  # external, external-every-<n>
+    wanted = compressors_needed(config.arms) if needed is None else needed
+    if "external" not in wanted:  # external, external-every-<n>; none for recorded branches
         yield found
         return
     if config.external_url is not None:

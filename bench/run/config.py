@@ -34,14 +34,19 @@ DEFAULT_BLOCKS = {
 # under another name (its interval must cover 0: what the analysis reads into noise alone).
 REFERENCE = "clean"
 PLACEBO = "placebo"
+AGENT_ARMS = ("clean", "external", "self")
+# replay: clean, the study's rewritten branch (recorded behaviour) and the rewritten history with
+# clean's recorded turns (history only): the pair that splits the effect in two
+REPLAY_ARMS = ("clean", "external", "external-history")
+REPLAY_ONLY_ARMS = ("external-history",)
 
 
 # The settings that make a run what it is: a resumed run takes them from its manifest.
-RUN_SETTINGS = ("regime", "task", "arms", "seed", "seeds", "cache", "protocol", "rewrite_cache",
-                "step_limit", "prompt", "blocks", "external_url", "locust_workers",
-                "speculative", "expert_parallel", "stream_deadline_s", "compressor_deadline_s",
-                "arm_wall_s", "sweep", "fast_start",
-                "token_ids")
+RUN_SETTINGS = ("regime", "source", "records", "side_by_side", "tool_time", "task", "arms",
+                "seed", "seeds", "cache", "protocol", "rewrite_cache", "step_limit", "prompt",
+                "blocks", "external_url", "locust_workers", "speculative", "expert_parallel",
+                "stream_deadline_s", "compressor_deadline_s", "arm_wall_s", "sweep",
+                "fast_start", "token_ids")
 
 
 class BenchError(SuiteError):
@@ -106,19 +111,42 @@ class BenchConfig(BaseModel):
     base_url: str | None = Field(
         default=None, description="measure the server at this URL (with or without /v1) "
         "instead of starting the profile's")
-    task: str = Field(default="fix-median", description="the task whose arm histories the "
-                      "live agents continue (data/histories/<task>/)")
-    arms: tuple[str, ...] = Field(default=("clean", "external", "self"),
-                                  description="the arms, comma-separated; clean is required")
+    source: Literal["agent", "replay"] | None = Field(
+        default=None, description="where each arm's continuation comes from: agent (a live "
+        "agent acts from the fork with real tools) or replay (recorded reasoning-model turns "
+        "re-sent at their recorded lengths); default replay on CPU profiles, agent on GPU")
+    records: tuple[str, ...] = Field(
+        default=(), description="replay: the recorded continuations, one per block in turn "
+        "(folder names under data/histories/study, folders or globs, comma-separated); default: "
+        "the short first-run subset (bench/run/replay.py DEFAULT_RECORDS), 'all': every one")
+    side_by_side: bool | None = Field(
+        default=None, description="run a block's arms at the same time (the study's design) "
+        "or one after another in the block's random order, each alone beside the regime's "
+        "background; default side by side for agent, one after another for replay: arms "
+        "sharing the engine's batches share each other's prefill, which hides a shorter "
+        "history's saving (a history-only arm finishes with clean when their outputs are "
+        "equally long)")
+    tool_time: Literal["recorded", "0"] = Field(
+        default="recorded", description="replay: wait the recorded tool time between turns "
+        "(none recorded counts as 0 s) or none")
+    task: str = Field(default="fix-median", description="agent: the task whose arm histories "
+                      "the live agents continue (data/histories/<task>/)")
+    arms: tuple[str, ...] = Field(
+        default=(), description="the arms, comma-separated; clean is required; default "
+        "clean,external,external-history for replay, clean,external,self for agent")
     seed: int = Field(default=0, ge=0, description="the run seed: block order and sampling")
     seeds: Literal["common", "independent"] = Field(
         default="common", description="common: the arms of one block share a sampling seed "
         "(common random numbers; blocks still differ); independent: every arm its own")
-    cache: Literal["shared", "isolated", "run"] = Field(
-        default="shared", description="shared: the arms of a block share the server's prefix "
-        "cache; isolated: a fresh cache_salt per arm and attempt; run: one cache_salt for the "
-        "whole run, so its arms and blocks share a cache that starts cold (nothing from earlier "
-        "runs or other users of the server), which cache-break accounting can predict exactly")
+    cache: Literal["shared", "isolated", "block", "run"] | None = Field(
+        default=None, description="shared: the arms of a block share the server's prefix "
+        "cache; isolated: a fresh cache_salt per arm and attempt; block: one cache_salt per "
+        "block, so its arms share a cache that starts cold and nothing carries over from an "
+        "earlier block replaying the same record; run: one cache_salt for the whole run, so its "
+        "arms and blocks share a cache that starts cold (nothing from earlier runs or other "
+        "users of the server), which cache-break accounting can predict exactly; default isolated "
+        "for replay (no arm warms another's prefix: the compacted history of external and "
+        "external-history is the same text), shared for agent")
     protocol: Literal["strict", "lenient"] | None = Field(
         default=None, description="strict: the first protocol (format) error fails the arm, as "
         "the study did; lenient: mini-swe-agent's terminal statuses count; default strict on GPU "
@@ -181,7 +209,7 @@ class BenchConfig(BaseModel):
     @classmethod
     def _arms(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         if not value:
-            raise ValueError("give at least one arm (e.g. arms=clean,self)")
+            return value  # the source's default arms (`for_profile`)
         if len(set(value)) != len(value):
             raise ValueError(f"arms repeat: {', '.join(value)}")
         if REFERENCE not in value:
@@ -204,6 +232,20 @@ class BenchConfig(BaseModel):
                  if k not in self.model_fields_set and k in previous}
         data = {**self.model_dump(exclude_unset=True), **taken}
         return BenchConfig.model_validate(data)
+
+    def for_profile(self, profile: Profile) -> BenchConfig:
+        """This config with the profile's defaults filled in: the source (replay where the
+        engine cannot run a reasoning model: CPU and the fake engine) and its default arms. The
+        manifest stores the result, so a run always says what it ran."""
+        source = self.source or ("agent" if profile.engine == "cuda" else "replay")
+        arms = self.arms or (REPLAY_ARMS if source == "replay" else AGENT_ARMS)
+        if source == "agent" and (bad := [a for a in arms if a in REPLAY_ONLY_ARMS]):
+            raise BenchError(f"arm {bad[0]} exists only for replay (source=replay): its "
+                             "history-only continuation reuses clean's recorded turns")
+        cache = self.cache or ("isolated" if source == "replay" else "shared")
+        together = self.side_by_side if self.side_by_side is not None else source == "agent"
+        return self.model_copy(update={"source": source, "arms": arms, "cache": cache,
+                                       "side_by_side": together})
 
     def protocol_for(self, profile: Profile) -> Literal["strict", "lenient"]:
         if self.protocol is not None:

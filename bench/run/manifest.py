@@ -69,9 +69,20 @@ def build_manifest(config: BenchConfig, profile: Profile, *, run_id: str, api_ur
         "hardware": describe_host(),
         "git": git_commit(),
         "repo": str(repo_root()),
-        "notes": ("cpu-tiny: a 135M model that cannot reason; this run tests the machinery, "
-                  "not the effect of compaction" if profile.name == "cpu-tiny" else ""),
+        "notes": _notes(config, profile),
     }
+
+
+def _notes(config: BenchConfig, profile: Profile) -> str:
+    """What a run on the CPU default can show, said in its manifest and report."""
+    if profile.name != "cpu-tiny":
+        return ""
+    if config.source == "replay":
+        return ("cpu-tiny serving recorded reasoning-model turns: the recorded behaviour (its "
+                "lengths and histories) is priced on this server; the served model's own "
+                "reasoning is not what is measured")
+    return ("cpu-tiny: a 135M model that cannot reason; live agents test the machinery, not "
+            "the effect of compaction")
 
 
 def history_hashes(paths: dict[str, Path]) -> dict[str, dict[str, Any]]:

@@ -39,6 +39,8 @@ def fingerprint(config: BenchConfig, profile: Profile, paths: dict[str, Path]) -
     """What makes two runs the same run: a RESUME must match it field by field."""
     return {"regime": config.regime, "task": config.task, "arms": list(config.arms),
             "seed": config.seed, "seeds": config.seeds, "cache": config.cache,
+            "source": config.source, "records": list(config.records),
+            "side_by_side": config.side_by_side, "tool_time": config.tool_time,
             "protocol": config.protocol_for(profile), "rewrite_cache": config.rewrite_cache,
             "profile": profile.name, "step_limit": config.step_limit, "prompt": config.prompt,
             "fast_start": config.fast_start,

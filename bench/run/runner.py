@@ -84,8 +84,10 @@ class Blocks:
         config = session.config
         session.say(f"[bench] run {session.run_id}: {config.regime}, {self.users} background "
                     f"users, blocks {len(self.done)}/{self.total} already done, arms "
-                    f"{', '.join(config.arms)}, agent commands confined by "
-                    f"{session.sandbox.level} -> {session.run_dir}")
+                    f"{', '.join(config.arms)}, {config.source}"
+                    + (f" of {', '.join(config.records)}" if config.source == "replay" else "")
+                    + f", agent commands confined by {session.confinement} -> "
+                    f"{session.run_dir}")
         return _blocks(self, session)
 
 
@@ -186,7 +188,7 @@ def _one_block(arms: list[Arm], settings: BlockSettings, block: int, writer: Run
         ended_s=ended, seed=outcome.seed,
         released_s=None if outcome.released_s is None else outcome.released_s - origin,
         load=load.to_json(), invalid_reasons=reasons,
-        block_pass=block_pass if block_pass > 1 else None))
+        block_pass=block_pass if block_pass > 1 else None, record=outcome.record))
     writer.sync()
     progress.block_finished(ended - started)
     return outcome.records, True, waits

@@ -24,9 +24,19 @@ from compaction_bench.bench.analysis.runfolder import ArmRecord, write_json
 from compaction_bench.bench.run.arm import Arm
 from compaction_bench.bench.run.block import BlockSettings
 from compaction_bench.bench.run.compressors import build_arms, open_compressors
-from compaction_bench.bench.run.config import BenchConfig
+from compaction_bench.bench.run.config import BenchConfig, BenchError
 from compaction_bench.bench.run.manifest import build_manifest, history_hashes
 from compaction_bench.bench.run.phases import PhaseLog
+from compaction_bench.bench.run.replay import (
+    ReplaySource,
+    compressors_for,
+    find_sources,
+    fit_sources,
+    recorded_figures,
+    replay_arms,
+    source_hashes,
+    wire_options,
+)
 from compaction_bench.bench.run.resume import (
     fingerprint,
     history_paths,
@@ -42,6 +52,7 @@ from compaction_bench.histories.agent.chat import ChatModelConfig, config_for_pr
 from compaction_bench.histories.agent.sandbox import Confinement, confinement
 from compaction_bench.histories.compaction.ledger import Ledger
 from compaction_bench.histories.tasks.task import Task, load_task
+from compaction_bench.loadgen.replay import describe_plan
 from compaction_bench.serve.launcher import ServerConfig, server_for, server_version
 from compaction_bench.serve.profile import Profile, resolve_profile
 
@@ -63,9 +74,9 @@ class Session:
 
     config: BenchConfig
     profile: Profile
-    task: Task
-    sandbox: Confinement
-    paths: dict[str, Path]
+    task: Task | None  # None for replay
+    sandbox: Confinement | None  # None for replay: no agent runs a command
+    paths: dict[str, Path]  # every history file the arms read (fingerprint, manifest)
     run_id: str
     run_dir: Path
     manifest: dict[str, Any] | None  # the resumed run's manifest; None until a new one is made
@@ -77,6 +88,14 @@ class Session:
     arms: list[Arm] = field(default_factory=list)
     model: ChatModelConfig | None = None
     settings: BlockSettings | None = None
+    sources: list[ReplaySource] = field(default_factory=list)  # replay only
+
+    @property
+    def confinement(self) -> str:
+        """What confines the agents' commands, for the banner."""
+        if self.sandbox is None:
+            return "nothing (replay runs no agent commands)"
+        return self.sandbox.level
 
     @property
     def hint(self) -> str:
@@ -132,17 +151,26 @@ def run_session(config: BenchConfig, kind: RunKind, *, stream: TextIO = sys.stde
     if config.speculative is not None or config.expert_parallel is not None:
         profile = profile.with_features(speculative=config.speculative,
                                         expert_parallel=config.expert_parallel)
-    config = kind.adjust(config, profile)
-    task = load_task(config.task)
-    task.check_runnable()
-    sandbox = confinement()  # before anything starts: no unconfined agent unless asked
-    paths = history_paths(config.task, config.arms)
+    config = kind.adjust(config.for_profile(profile), profile)
+    task: Task | None = None
+    sandbox: Confinement | None = None
+    sources: list[ReplaySource] = []
+    if config.source == "replay":
+        sources = find_sources(config.records)
+        config = config.model_copy(update={"records": tuple(s.name for s in sources)})
+        paths = {name: Path(entry["path"]) for name, entry in source_hashes(sources).items()}
+    else:
+        task = load_task(config.task)
+        task.check_runnable()
+        sandbox = confinement()  # before anything starts: no unconfined agent unless asked
+        paths = history_paths(config.task, config.arms)
     prints = {**fingerprint(config, profile, paths), **kind.prints(config, profile)}
     run_id, run_dir, manifest = open_run(config, prints)
     origin = float(manifest["clock_origin_monotonic"]) if manifest else time.monotonic()
     session = Session(config=config, profile=profile, task=task, sandbox=sandbox, paths=paths,
                       run_id=run_id, run_dir=run_dir, manifest=manifest, origin=origin,
-                      stop=RunStop(), phases=PhaseLog(run_dir, origin), stream=stream)
+                      stop=RunStop(), phases=PhaseLog(run_dir, origin), stream=stream,
+                      sources=sources)
     records: list[ArmRecord] = []
     aborted: str | None = None
     found = None
@@ -178,11 +206,31 @@ def _setup(session: Session, stack: ExitStack, prints: dict[str, Any], kind: Run
         session.url = stack.enter_context(server_for(
             ServerConfig(profile=profile, port=config.port, fast_start=config.fast_start),
             config.base_url))
+    replaying = config.source == "replay"
+    needed = compressors_for(config, session.sources) if replaying else None
     compressors = stack.enter_context(open_compressors(
-        config, profile, session.url, session.run_dir, session.origin, phases))
+        config, profile, session.url, session.run_dir, session.origin, phases, needed=needed))
     with phases.phase("selfcheck"):
         check = selfcheck(config, session.url, profile, session.run_dir)
-    session.arms = build_arms(config, session.paths, compressors)
+    replay_manifest: dict[str, Any] = {}
+    if replaying:
+        session.arms = replay_arms(config, session.sources, compressors.configs,
+                                   compressors.hooks)
+        with phases.phase("replay_fit"):
+            fits = fit_sources(session, wire_options(profile))
+        kept = tuple(s.name for s in session.sources if s.name not in fits.skipped)
+        if not kept:
+            raise BenchError("no replay source fits the served model: " + "; ".join(
+                f"{name}: {why}" for name, why in fits.skipped.items()))
+        replay_manifest = {"replay": {
+            "records": list(kept), "skipped": fits.skipped, "tool_time": config.tool_time,
+            "wire": wire_options(profile).model_dump(mode="json"),
+            "served_prompt_tokens": fits.served, "max_model_len": fits.max_model_len,
+            "plans": {a.name: {name: describe_plan(plan) for name, plan in (
+                a.replay or {}).items()} for a in session.arms},
+            "recorded": recorded_figures(session.sources)}}
+    else:
+        session.arms = build_arms(config, session.paths, compressors)
     model = config_for_profile(profile, session.url, config.seed).model_copy(
         update={"request_timeout_s": config.stream_deadline_s})
     if config.token_ids:  # prompt and completion ids come back: cache-break accounting
@@ -198,7 +246,9 @@ def _setup(session: Session, stack: ExitStack, prints: dict[str, Any], kind: Run
             blocks=int(extra.pop("blocks")))
         manifest.update({"clock_origin_monotonic": session.origin, "fingerprint": prints,
                          "structured_text": model.structured_text, "selfcheck": check,
-                         "sandbox": session.sandbox.describe(), **extra})
+                         "sandbox": session.sandbox.describe() if session.sandbox else {
+                             "level": "not needed", "why": "replay runs no agent commands"},
+                         **replay_manifest, **extra})
         write_json(session.run_dir / "manifest.json", manifest)
         session.manifest = manifest
     session.settings = BlockSettings(
@@ -208,4 +258,6 @@ def _setup(session: Session, stack: ExitStack, prints: dict[str, Any], kind: Run
         ledger=Ledger(session.run_dir / "ledger.jsonl"),
         # CACHE=run and isolated salts: unique to this run (its clock origin, which the
         # manifest keeps for RESUME), so a rerun under the same RUN_ID starts cold
-        run_salt=f"{session.run_id}-{session.origin:.6f}")
+        run_salt=f"{session.run_id}-{session.origin:.6f}",
+        replay_wire=wire_options(profile) if replaying else None,
+        records=tuple(replay_manifest["replay"]["records"]) if replaying else ())

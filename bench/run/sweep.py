@@ -142,8 +142,8 @@ class Sweep:
         session.say(f"[sweep] run {session.run_id}: levels {', '.join(map(str, self.levels))}, "
                     f"arms {', '.join(config.arms)}, {len(cells) - len(todo)}/{len(cells)} "
                     f"cells already done, step limit "
-                    f"{config.step_limit or session.task.spec.step_limit}, agent commands "
-                    f"confined by {session.sandbox.level} -> {session.run_dir}")
+                    f"{config.step_limit or _step_limit(session)}"
+                    f", agent commands confined by {session.confinement} -> {session.run_dir}")
         writer = session.writer()
         cells_out = JsonlWriter(session.run_dir / SWEEP_FILE)
         records: list[ArmRecord] = []
@@ -174,6 +174,10 @@ class Sweep:
         if aborted is None and not stop.stopped:
             session.say(f"[sweep] done: make plan RUN={session.run_id}")
         return records, aborted
+
+
+def _step_limit(session: Session) -> str:
+    return str(session.task.spec.step_limit) if session.task else "recorded turns"
 
 
 def _stop_for(stop: RunStop, message: str) -> None:

@@ -1,6 +1,8 @@
 """Arm names, parsed in one place: a name in `ARMS=` says which history policy an arm runs.
 
 - `clean` (the reference) and `placebo` (clean's file under another name): unchanged history;
+- `external-history` (replay only): the external arm's compacted history continued with clean's
+  recorded turns and lengths, the part of the external arm's effect due to its history;
 - `external`, `self`: the study's continuous compaction by that compressor, before every request;
 - `<compressor>-every-<n>` (`self-every-3`): the same compaction run only every n turns;
 - `entropy` (ICLR), `step-entropy` (its step-only control), `delete-all-thinking`,
@@ -27,18 +29,20 @@ if TYPE_CHECKING:  # the policies import torch and transformers only where they 
     from compaction_bench.histories.policies.stepwise import StepwisePolicy
 
 REFERENCE_ARMS = ("clean", "placebo")
+HISTORY_ONLY_ARMS = ("external-history",)
 COMPRESSOR_ARMS = ("external", "self")
 RULE_ARMS = ("entropy", "step-entropy", "delete-all-thinking", "keep-latest")
 # The second paper's arms a `make histories` writes by default (random-r at the paper's 30%).
 POLICY_ARMS = (*RULE_ARMS, "random-30")
 _RANDOM = re.compile(r"^random-(\d{1,3})$")
 _EVERY = re.compile(r"^(" + "|".join(COMPRESSOR_ARMS) + r")-every-(\d{1,4})$")
-KNOWN = ("clean, placebo, external, self, entropy, step-entropy, delete-all-thinking, "
+KNOWN = ("clean, placebo, external, self, external-history (replay), entropy, step-entropy, "
+         "delete-all-thinking, "
          "keep-latest, random-<r> (r% of reasoning tokens, e.g. random-30), "
          "<external|self>-every-<n> (compaction every n turns, e.g. self-every-3)")
 
-Kind = Literal["reference", "compaction", "entropy", "step-entropy", "delete-all-thinking",
-               "keep-latest", "random"]
+Kind = Literal["reference", "history-only", "compaction", "entropy", "step-entropy",
+               "delete-all-thinking", "keep-latest", "random"]
 _RULE_KINDS: dict[str, Kind] = {"entropy": "entropy", "step-entropy": "step-entropy",
                                 "delete-all-thinking": "delete-all-thinking",
                                 "keep-latest": "keep-latest"}
@@ -61,7 +65,7 @@ class ArmSpec:
     @property
     def stepwise(self) -> bool:
         """A second-paper policy (a `StepwisePolicy`), not compaction or the reference."""
-        return self.kind not in ("reference", "compaction")
+        return self.kind not in ("reference", "history-only", "compaction")
 
     @property
     def needs_scorer(self) -> bool:
@@ -72,6 +76,8 @@ def parse_arm(name: str) -> ArmSpec:
     """The spec of an arm name, or `UnknownArmError` listing the known names."""
     if name in REFERENCE_ARMS:
         return ArmSpec(name, "reference")
+    if name in HISTORY_ONLY_ARMS:
+        return ArmSpec(name, "history-only")
     if name in COMPRESSOR_ARMS:
         return ArmSpec(name, "compaction", compressor=name)
     if name in _RULE_KINDS:

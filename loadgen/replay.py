@@ -357,8 +357,8 @@ def _without_thought(content: Any) -> Any:
     """Assistant content with the inlined thought (`schedule.wire_messages`) taken off."""
     if isinstance(content, str) and content.startswith(_THINK_OPEN):
         end = content.find(_THINK_CLOSE)
-        if end >= 0:
-            return content[end + len(_THINK_CLOSE):]
+        if end >= 0:  # the newline an inlined tool call adds after a thought goes with it
+            return content[end + len(_THINK_CLOSE):].lstrip("\n")
     return content
 
 

@@ -30,6 +30,7 @@ import psutil
 
 from compaction_bench.common.net import free_port
 from compaction_bench.common.paths import repo_root
+from compaction_bench.common.processtree import stop_tree
 from compaction_bench.loadgen.fakeprocess import FakeConfig, FakeProcess
 
 RECORD_FILES = ("arms.jsonl", "blocks.jsonl", "requests.jsonl")
@@ -79,7 +80,7 @@ def bench_argv(*args: str, port: int | None = None, base_url: str | None = None)
     """`compaction-bench bench` on the fake engine (no self-check: it has no
     model)."""
     argv = [sys.executable, "-m", "compaction_bench", "bench", "profile=fake-faults",
-            "selfcheck=0"]
+            "selfcheck=0", "source=agent"]
     if port is not None:
         argv += [f"port={port}"]
     if base_url is not None:
@@ -90,7 +91,7 @@ def bench_argv(*args: str, port: int | None = None, base_url: str | None = None)
 def make_argv(**variables: str) -> list[str]:
     """`make bench` with variables, as a user types it."""
     return ["make", "--no-print-directory", "-C", str(repo_root()), "bench",
-            "PROFILE=fake-faults", "SELFCHECK=0",
+            "PROFILE=fake-faults", "SELFCHECK=0", "SOURCE=agent",
             *(f"{k}={v}" for k, v in variables.items())]
 
 
@@ -148,7 +149,8 @@ class BenchProcess:
         try:
             code = self.process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            self.signal(signal.SIGKILL, group=True)
+            # the harness's own limit, not a fault: the bench and all it started go at once
+            stop_tree(self.process, grace_s=0)
             code = self.process.wait()
             self.lines.append(f"[harness] killed after {timeout_s:g} s")
         self._reader.join(timeout=10)

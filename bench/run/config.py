@@ -30,6 +30,9 @@ DEFAULT_BLOCKS = {
     "cpu": {"dedicated": 2, "shared": 2, "overloaded": 1},
     "fake": {"dedicated": 2, "shared": 2, "overloaded": 1},
 }
+# Replay on a CPU: enough dedicated blocks for a real 95% interval (with 3-4 blocks the
+# bootstrap interval of a median collapses to the sample's range) in a first run of minutes.
+DEFAULT_REPLAY_BLOCKS = {"dedicated": 6, "shared": 6, "overloaded": 2}
 # Arm names that are not compaction policies: the reference, and a byte-identical copy of it
 # under another name (its interval must cover 0: what the analysis reads into noise alone).
 REFERENCE = "clean"
@@ -102,8 +105,9 @@ class BenchConfig(BaseModel):
 
     regime: Regime = Field(default="dedicated", description="dedicated, shared, overloaded "
                            "(the load around each block) or sweep (the load-response sweep)")
-    blocks: int | None = Field(default=None, gt=0, description="how many blocks (default: "
-                               "5/5/25 on GPU profiles, 2/2/1 on CPU)")
+    blocks: int | None = Field(default=None, gt=0, description="how many blocks (default "
+                               "dedicated/shared/overloaded: 5/5/25 on GPU profiles; on CPU "
+                               "6/6/2 for replay, 2/2/1 for agents)")
     profile: str = Field(default="auto", description="server profile, or 'auto' for this "
                          "machine")
     port: int = Field(default=8000, gt=0, lt=65536, description="the port of the server the "
@@ -262,7 +266,9 @@ def regime_users(regime: Regime, profile: Profile) -> int:
     return profile.overloaded_users
 
 
-def default_blocks(regime: Regime, profile: Profile) -> int:
+def default_blocks(regime: Regime, profile: Profile, source: str | None = None) -> int:
+    if source == "replay" and profile.engine != "cuda":
+        return DEFAULT_REPLAY_BLOCKS[regime]
     return DEFAULT_BLOCKS[profile.engine][regime]
 
 

@@ -220,6 +220,7 @@ class Fit:
     max_model_len: int
     served: dict[str, dict[str, list[int]]]  # source -> arm -> served prompt tokens per turn
     skipped: dict[str, str]  # source -> why it cannot be replayed here
+    counted: str  # how the served prompts were counted
 
 
 def fit_sources(session: Any, wire: ReplayOptions) -> Fit:
@@ -228,28 +229,31 @@ def fit_sources(session: Any, wire: ReplayOptions) -> Fit:
     import os
 
     from compaction_bench.histories.agent.tokenizer import Tokenizer, TokenizerError
-    from compaction_bench.loadgen.schedule import wire_messages
+    from compaction_bench.loadgen.schedule import estimate_tokens, wire_messages
 
     profile: Profile = session.profile
     limit = _served_context(session.url) or profile.engine_args.max_model_len
     served: dict[str, dict[str, list[int]]] = {}
     skipped: dict[str, str] = {}
+    counted = "the server's /tokenize"
     with Tokenizer(session.url, profile.model.target_name,
                    api_key=os.environ.get("API_KEY") or None) as tokenizer:
         for source in session.sources:
             counts: dict[str, list[int]] = {}
             for arm in session.arms:
+                assert arm.replay is not None
                 plan = arm.replay[source.name]
                 counts[arm.name] = []
                 for turn in plan.turns:
+                    messages = wire_messages(list(turn.history), wire)
+                    tools = plan.tools if wire.send_tools else None
                     try:
-                        prompt = len(tokenizer.chat(
-                            wire_messages(list(turn.history), wire),
-                            plan.tools if wire.send_tools else None))
-                    except TokenizerError as exc:
-                        raise BenchError(f"replay source {source.name}: the server could not "
-                                         f"tokenize turn {turn.number} of {arm.name} ({exc})"
-                                         ) from None
+                        prompt = len(tokenizer.chat(messages, tools)) if counted.startswith(
+                            "the server") else estimate_tokens(messages, tools, wire)
+                    except TokenizerError:
+                        # a server without /tokenize (not vLLM): a character estimate, said so
+                        counted = f"estimated at {wire.chars_per_token} characters per token"
+                        prompt = estimate_tokens(messages, tools, wire)
                     counts[arm.name].append(prompt)
                     if prompt + turn.completion_tokens > limit and source.name not in skipped:
                         skipped[source.name] = (
@@ -257,7 +261,7 @@ def fit_sources(session: Any, wire: ReplayOptions) -> Fit:
                             f"{turn.completion_tokens} forced output tokens exceed the served "
                             f"model's {limit}-token context")
             served[source.name] = counts
-    return Fit(max_model_len=limit, served=served, skipped=skipped)
+    return Fit(max_model_len=limit, served=served, skipped=skipped, counted=counted)
 
 
 def _served_context(url: str) -> int | None:

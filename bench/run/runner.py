@@ -74,7 +74,8 @@ class Blocks:
         self.users = regime_users(config.regime, profile)
         self.done, self.passes = block_passes(session.run_dir, config.regime, config.arms)
         self.total = config.blocks or (int(manifest["regime"]["blocks"]) if manifest
-                                       else default_blocks(config.regime, profile))
+                                       else default_blocks(config.regime, profile,
+                                                           config.source))
         with session.phases.phase("service_probe"):
             self.probe = service_probe(session.url, profile, self.users)
         return {"users": self.users, "blocks": self.total,

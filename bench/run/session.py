@@ -151,7 +151,7 @@ def run_session(config: BenchConfig, kind: RunKind, *, stream: TextIO = sys.stde
     if config.speculative is not None or config.expert_parallel is not None:
         profile = profile.with_features(speculative=config.speculative,
                                         expert_parallel=config.expert_parallel)
-    config = kind.adjust(config.for_profile(profile), profile)
+    config = kind.adjust(config, profile).for_profile(profile)
     task: Task | None = None
     sandbox: Confinement | None = None
     sources: list[ReplaySource] = []
@@ -225,7 +225,8 @@ def _setup(session: Session, stack: ExitStack, prints: dict[str, Any], kind: Run
         replay_manifest = {"replay": {
             "records": list(kept), "skipped": fits.skipped, "tool_time": config.tool_time,
             "wire": wire_options(profile).model_dump(mode="json"),
-            "served_prompt_tokens": fits.served, "max_model_len": fits.max_model_len,
+            "served_prompt_tokens": fits.served, "served_prompt_counted": fits.counted,
+            "max_model_len": fits.max_model_len,
             "plans": {a.name: {name: describe_plan(plan) for name, plan in (
                 a.replay or {}).items()} for a in session.arms},
             "recorded": recorded_figures(session.sources)}}

@@ -63,6 +63,9 @@ SWEEP_FILE = "sweep.jsonl"
 # cores). GPU profiles keep the task's step limit and the run's arms.
 CPU_STEP_LIMIT = 2
 CPU_ARMS = ("clean", "self")
+# Replay on a CPU: the two recorded branches (clean, and the study's rewritten one), whose
+# fleets price the recorded behaviour of each on this server.
+CPU_REPLAY_ARMS = ("clean", "external")
 
 
 def finished_cells(run_dir: Path) -> tuple[set[tuple[str, int]], dict[tuple[str, int], int]]:
@@ -94,15 +97,16 @@ def _server_cache_config(url: str) -> dict[str, str]:
 
 
 def sweep_config(config: BenchConfig, engine: str) -> BenchConfig:
-    """The config a sweep runs with: on a CPU a short step limit and the arms on the one
-    server, unless they were given (STEP_LIMIT=, ARMS=)."""
+    """The config a sweep runs with: on a CPU, live agents get a short step limit and the arms
+    on the one server, replay the two recorded branches, unless given (STEP_LIMIT=, ARMS=)."""
     if engine != "cpu":
         return config
+    replaying = (config.source or "replay") == "replay"
     update: dict[str, Any] = {}
-    if config.step_limit is None:
+    if config.step_limit is None and not replaying:
         update["step_limit"] = CPU_STEP_LIMIT
-    if "arms" not in config.model_fields_set:
-        update["arms"] = CPU_ARMS
+    if not config.arms:
+        update["arms"] = CPU_REPLAY_ARMS if replaying else CPU_ARMS
     return config.model_copy(update=update) if update else config
 
 

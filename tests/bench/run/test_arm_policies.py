@@ -68,7 +68,8 @@ def test_an_unknown_arm_name_is_refused_before_anything_starts() -> None:
     with pytest.raises(ValidationError, match="unknown arm 'entropi'; known arms: clean"):
         BenchConfig(arms=("clean", "entropi"))
     assert BenchConfig(arms=("clean", "random-10", "self-every-4")).arms[1] == "random-10"
-    done = subprocess.run([sys.executable, "-m", "compaction_bench", "bench", "arms=clean,entropi",
+    done = subprocess.run([sys.executable, "-m", "compaction_bench", "bench", "source=agent",
+                           "arms=clean,entropi",
                            f"base_url={URL}"], cwd=repo_root(), capture_output=True, text=True,
                           timeout=120, check=False)
     assert done.returncode == ExitCode.USAGE

@@ -25,7 +25,7 @@ ROOT = repo_root()
 
 def run_bench(server: Server, tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "compaction_bench", "bench", "profile=cpu-tiny",
+        [sys.executable, "-m", "compaction_bench", "bench", "source=agent", "profile=cpu-tiny",
          f"base_url={server.api_url}", f"external_url={server.api_url}", "step_limit=2",
          *args], cwd=ROOT, capture_output=True, text=True, timeout=900, check=False,
         env={**os.environ, "COMPBENCH_RESULTS": str(tmp)})

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.e2e
 
 def bench(tmp: Path, url: str, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "compaction_bench", "bench", "profile=cpu-tiny",
+        [sys.executable, "-m", "compaction_bench", "bench", "source=agent", "profile=cpu-tiny",
          f"base_url={url}",
          "arms=clean", "step_limit=4", "selfcheck=0", *args],
         cwd=repo_root(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -27,7 +27,7 @@ def lines(path: Path) -> list[dict[str, Any]]:
 def test_policy_arms_run_with_ledgers_and_exact_cache_accounting(cpu_server: Server,
                                                                  tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "compaction_bench", "bench", "profile=cpu-tiny",
+        [sys.executable, "-m", "compaction_bench", "bench", "source=agent", "profile=cpu-tiny",
          f"base_url={cpu_server.api_url}", "arms=" + ",".join(ARMS), "blocks=1", "step_limit=3",
          "cache=run", "selfcheck=0", "run_id=policies"], cwd=repo_root(),
         capture_output=True, text=True, timeout=900, check=False,

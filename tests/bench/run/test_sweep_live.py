@@ -30,7 +30,7 @@ def test_a_short_sweep_and_its_plan(cpu_server: Server, tmp_path: Path) -> None:
     env = {**os.environ, "COMPBENCH_RESULTS": str(tmp_path)}
     done = subprocess.run(
         [sys.executable, "-m", "compaction_bench", "bench", "regime=sweep",
-         "profile=cpu-tiny",
+         "profile=cpu-tiny", "source=agent",
          f"base_url={cpu_server.api_url}", "arms=clean,self", "sweep.levels=1,2",
          "sweep.min_continuations=2", "step_limit=2", "selfcheck=0",
          "run_id=sw"], cwd=ROOT, capture_output=True, text=True, timeout=900,

@@ -36,7 +36,7 @@ def lines(path: Path) -> list[dict[str, Any]]:
 def bench(tmp: Path, url: str, *args: str, compressor: str | None = None,
           env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "compaction_bench", "bench", "profile=cpu-tiny",
+        [sys.executable, "-m", "compaction_bench", "bench", "source=agent", "profile=cpu-tiny",
          f"base_url={url}",
          f"external_url={compressor or url}", "step_limit=3", "selfcheck=0", *args],
         cwd=repo_root(), capture_output=True, text=True, timeout=600, check=False,
@@ -112,7 +112,7 @@ def test_stopping_the_external_compressor_fails_the_arm_with_a_reason(
                                         default_content="Files listed; find median.")).start()
     run = tmp_path / "comp"
     process = subprocess.Popen(
-        [sys.executable, "-m", "compaction_bench", "bench", "profile=cpu-tiny",
+        [sys.executable, "-m", "compaction_bench", "bench", "source=agent", "profile=cpu-tiny",
          f"base_url={target.api_url}", f"external_url={compressor.api_url}", "step_limit=3",
          "selfcheck=0",
          "blocks=3", "arms=clean,external", "run_id=comp"],

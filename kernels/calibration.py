@@ -127,7 +127,7 @@ def _probe(config: CalibrationConfig, profile: Any, api: str, seed: int,
         prefill_levels,
         server_facts,
     )
-    from compaction_bench.serve.launcher import server_version
+    from compaction_bench.serve.endpoints import server_version
 
     sweep = default_sweep(profile.engine, profile.engine_args.max_num_seqs, quick=config.quick)
     probe = ProbeConfig(api_url=api, model=profile.model.target_name, seed=seed, **sweep)

@@ -1,10 +1,12 @@
 """Server probes: what a prefill token and a decode step cost on a live OpenAI-compatible vLLM.
 
 Both probes send chat requests through the suite's one client (`transport.client.StreamClient`)
-and keep every request's raw record. Prompts are random lowercase letters (" q w e ..."), one
-token per letter in the BPE tokenizers of the shipped models (checked against the server's
-`/tokenize` before anything is sent), drawn from a seeded generator so a rerun neither hits the
-previous run's cache nor depends on global state.
+and keep every request's raw record; what they read from the server itself (`/tokenize`, the
+KV block from `/metrics`, `max_model_len` from `/v1/models`) comes through `serve.endpoints`.
+Prompts are random lowercase letters (" q w e ..."), one token per letter in the BPE tokenizers
+of the shipped models (checked against the server's `/tokenize` before anything is sent), drawn
+from a seeded generator so a rerun neither hits the previous run's cache nor depends on global
+state.
 
 Prefill (`prefill_levels`): time to first token for `u` uncached tokens after `P` tokens that are
 in the prefix cache. For each P a prefix of exactly P prompt tokens (chat header included) is
@@ -36,13 +38,11 @@ from dataclasses import dataclass
 from statistics import median, median_low
 from typing import Any
 
-import httpx
 import numpy as np
-from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, ConfigDict, Field
 
 from compaction_bench.common.errors import SuiteError
-from compaction_bench.common.net import server_url
+from compaction_bench.serve.endpoints import EndpointError, ServerEndpoints
 from compaction_bench.transport.client import StreamClient, prepare
 from compaction_bench.transport.request import RequestRecord
 
@@ -88,30 +88,11 @@ class ServerFacts:
         return dict(self.__dict__)
 
 
-def _cache_config(base: str) -> dict[str, str]:
-    """The labels of vLLM's `vllm:cache_config_info` gauge (empty where it has none)."""
+def _tokenize(server: ServerEndpoints, model: str, content: str) -> list[int]:
     try:
-        text = httpx.get(f"{base}/metrics", timeout=10).text
-    except httpx.HTTPError:
-        return {}
-    for family in text_string_to_metric_families(text):
-        if family.name == "vllm:cache_config_info":
-            for sample in family.samples:
-                return dict(sample.labels)
-    return {}
-
-
-def _tokenize(base: str, model: str, content: str) -> list[int]:
-    reply = httpx.post(f"{base}/tokenize", timeout=30, json={
-        "model": model, "messages": [{"role": "user", "content": content}],
-        "add_generation_prompt": True})
-    if reply.status_code != 200:
-        raise ProbeError(f"{base}/tokenize answered HTTP {reply.status_code}: "
-                         f"{reply.text[:200]}; the probe needs vLLM's /tokenize endpoint")
-    tokens = reply.json().get("tokens")
-    if not isinstance(tokens, list):
-        raise ProbeError(f"{base}/tokenize returned no token list")
-    return tokens
+        return server.tokenize_chat(model, [{"role": "user", "content": content}])
+    except EndpointError as exc:
+        raise ProbeError(f"{exc}; the probe needs vLLM's /tokenize endpoint") from exc
 
 
 def letters(rng: np.random.Generator, n: int) -> str:
@@ -121,13 +102,19 @@ def letters(rng: np.random.Generator, n: int) -> str:
 
 def server_facts(config: ProbeConfig, rng: np.random.Generator) -> ServerFacts:
     """Block size, limits and the chat template's token overhead; checks one token per letter."""
-    base = server_url(config.api_url)
-    labels = _cache_config(base)
+    with ServerEndpoints(config.api_url, timeout_s=30.0) as server:
+        return _facts(config, rng, server)
+
+
+def _facts(config: ProbeConfig, rng: np.random.Generator,
+           server: ServerEndpoints) -> ServerFacts:
+    base = server.server_url
+    labels = server.cache_config()
     block = config.block_size or int(labels.get("block_size") or 0)
     if not block:
         raise ProbeError(f"{base}/metrics has no vllm:cache_config_info block_size; pass the "
                          "server's KV block size (--block-size)")
-    first, second = _tokenize(base, config.model, " a"), _tokenize(base, config.model, " b")
+    first, second = _tokenize(server, config.model, " a"), _tokenize(server, config.model, " b")
     header = next((i for i, (x, y) in enumerate(zip(first, second, strict=False)) if x != y),
                   None)
     if header is None or len(first) != len(second):
@@ -135,14 +122,13 @@ def server_facts(config: ProbeConfig, rng: np.random.Generator) -> ServerFacts:
                          "user content in the chat template")
     trailer = len(first) - header - 1
     sample = letters(rng, 64)
-    if len(_tokenize(base, config.model, sample)) != header + 64 + trailer:
+    if len(_tokenize(server, config.model, sample)) != header + 64 + trailer:
         raise ProbeError(f"model {config.model!r} at {base} does not tokenize ' a b c ...' as "
                          "one token per letter; the probe builds exact prompt lengths from that")
     try:
-        models = httpx.get(f"{base}/v1/models", timeout=10).json().get("data", [])
-        max_len = next((int(m["max_model_len"]) for m in models
+        max_len = next((int(m["max_model_len"]) for m in server.models() or []
                         if m.get("id") == config.model and m.get("max_model_len")), None)
-    except (httpx.HTTPError, ValueError, TypeError):
+    except (ValueError, TypeError):  # a max_model_len that is not a number: not stated
         max_len = None
     kv = labels.get("kv_cache_size_tokens")
     return ServerFacts(block_size=block, max_model_len=max_len,

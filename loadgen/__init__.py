@@ -7,6 +7,7 @@
 - `background`: the background load's config and `BackgroundLoad`, which starts/stops the
   locust processes (`locust_main`, `locust_user`: imported only there, locust first);
   `schedule`: recorded histories as background users' schedules of turns.
-- `metrics`, `gpu`: /metrics and NVML samplers.
+- `metrics`, `gpu`: /metrics and NVML samplers (the server's endpoints and NVML are opened
+  through `serve.endpoints` and `serve.hardware`).
 - `client_bench`: the client accuracy benchmark (`make bench-client`).
 """

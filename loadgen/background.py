@@ -6,7 +6,7 @@
         load.wait_steady(timeout_s=120)       # every user has sent its first request
         load.set_block(3)                     # background records now carry block 3
         ...                                   # the arms of the block
-    # stop(): SIGTERM to the process group, SIGKILL after a grace period
+    # stop(): SIGTERM to the process tree, SIGKILL after a grace period
 
 The locust processes run in a process group of their own, stop by themselves after
 `duration_s`, and stop when this process dies; `stop()` (also registered with `atexit`) kills
@@ -21,8 +21,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -37,6 +35,7 @@ from compaction_bench.common.errors import UnavailableError
 from compaction_bench.common.files import write_text_atomic
 from compaction_bench.common.net import api_url
 from compaction_bench.common.paths import histories_root
+from compaction_bench.common.processtree import stop_tree
 from compaction_bench.transport.client import send_once
 
 
@@ -287,15 +286,8 @@ class BackgroundLoad:
         process = self.process
         if process is None:
             return None
-        if process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=self.stop_grace_s)
-        # workers may linger after the master: the group goes, whatever state it is in
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, signal.SIGKILL)
-        code = process.wait()
+        # the whole group, even after the master ended: workers may linger after it
+        code = stop_tree(process, grace_s=self.stop_grace_s)
         atexit.unregister(self.stop)
         return code
 

@@ -35,12 +35,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import psutil
 
 from compaction_bench.common.paths import cache_dir
 from compaction_bench.loadgen.fakeprocess import FakeConfig, FakeProcess
+from compaction_bench.serve.endpoints import is_healthy
 
 CLIENTS = ("arm", "background", "vllm", "aiperf")
 MESSAGES = [{"role": "user", "content": "Say something."}]
@@ -391,11 +391,9 @@ def main(argv: list[str] | None = None) -> None:
         loadgen_cpu(fake.server_url, 64, 3, args.window_s,
                     label="fake server, 64 users + 3 arms", pace=1000 / args.itl_ms,
                     max_model_len=8192)
-    try:
-        httpx.get(args.vllm_url.rstrip("/") + "/health", timeout=3).raise_for_status()
-    except httpx.HTTPError as exc:
-        print(f"cpu-tiny overloaded (8 users): not measured, no server at {args.vllm_url} "
-              f"({type(exc).__name__}); start one with `make serve`")
+    if not is_healthy(args.vllm_url):
+        print(f"cpu-tiny overloaded (8 users): not measured, no server answers /health at "
+              f"{args.vllm_url}; start one with `make serve`")
         return
     loadgen_cpu(args.vllm_url, 8, 0, args.window_s, label="vLLM cpu-tiny, overloaded 8 users",
                 pace=None, max_model_len=8192)

@@ -11,6 +11,7 @@ import urllib.request
 from typing import Any
 
 from compaction_bench.common.errors import UnavailableError
+from compaction_bench.common.processtree import stop_tree
 from compaction_bench.loadgen.fakeserver import FakeConfig
 
 __all__ = ["FakeConfig", "FakeProcess"]
@@ -81,13 +82,8 @@ class FakeProcess:
         self._call("/fake/reset", {})
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        if self.process is not None:
+            stop_tree(self.process, grace_s=5.0)
         if self.process is not None and self.process.stdout is not None:
             self.process.stdout.close()
 

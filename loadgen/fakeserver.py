@@ -101,6 +101,13 @@ class FakeServer:
         async with self._server:
             await self._server.serve_forever()
 
+    async def stop(self) -> None:
+        """Stop listening (an in-process server's end; connections still open end with their
+        event loop, which cancels their handlers)."""
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
     async def _connection(self, reader: asyncio.StreamReader,
                           writer: asyncio.StreamWriter) -> None:
         sock = writer.get_extra_info("socket")

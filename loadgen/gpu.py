@@ -9,7 +9,6 @@ gets exactly one line, `{"t_s", "telemetry": "off", "reason"}`, and nothing is s
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -18,20 +17,15 @@ from types import ModuleType, TracebackType
 from typing import Any
 
 from compaction_bench.common.files import JsonlWriter
-
-
-def _load_nvml() -> ModuleType:
-    import pynvml
-
-    module: ModuleType = pynvml
-    return module
+from compaction_bench.serve.hardware import NvmlUnavailableError, close_nvml, open_nvml, text
 
 
 class GpuSampler:
     """A daemon thread writing one line per GPU every `interval_s`; see the module docstring.
 
-    `nvml` may be injected (tests pass a stand-in for the NVML library); by default pynvml.
-    `enabled` tells whether telemetry runs; `reason` says why not.
+    NVML is opened through `serve.hardware` (`nvml` may be injected: tests pass a stand-in for
+    the library; by default pynvml). `enabled` tells whether telemetry runs; `reason` says why
+    not.
     """
 
     def __init__(self, path: str | Path, *, interval_s: float = 1.0, origin: float = 0.0,
@@ -52,17 +46,21 @@ class GpuSampler:
 
     def start(self) -> GpuSampler:
         try:
-            nvml = self._nvml if self._nvml is not None else _load_nvml()
-            self._nvml = nvml
-            nvml.nvmlInit()
+            nvml = open_nvml(self._nvml)
+        except NvmlUnavailableError as exc:
+            self._off(str(exc))
+            return self
+        self._nvml = nvml
+        try:
             count = nvml.nvmlDeviceGetCount()
             self._handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-            self._names = [_text(nvml.nvmlDeviceGetName(h)) for h in self._handles]
-        except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ImportError...
-            self._off(f"NVML unavailable ({type(exc).__name__}: {exc}); no NVIDIA driver "
-                      "on this machine")
+            self._names = [text(nvml.nvmlDeviceGetName(h)) for h in self._handles]
+        except Exception as exc:  # an NVMLError: a driver that answers init but not this
+            close_nvml(nvml)
+            self._off(f"NVML could not list the GPUs ({type(exc).__name__}: {exc})")
             return self
         if not self._handles:
+            close_nvml(nvml)
             self._off("NVML found no GPU (nvmlDeviceGetCount() = 0)")
             return self
         self.enabled = True
@@ -109,8 +107,7 @@ class GpuSampler:
         if self._thread.is_alive():
             self._thread.join()
         if self.enabled and self._nvml is not None:
-            with contextlib.suppress(Exception):  # telemetry must never fail a run
-                self._nvml.nvmlShutdown()
+            close_nvml(self._nvml)  # never raises: telemetry must never fail a run
             self.enabled = False
         self.writer.close()
 
@@ -129,6 +126,3 @@ def _try(call: Callable[..., Any], *args: Any) -> Any:
     except Exception:
         return None
 
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

@@ -7,7 +7,8 @@ One line per scrape: `t_s` (time.monotonic minus `origin_s`, stamped when the sc
 histogram's `queue_time_sum_s` / `queue_time_count`. Values are summed over label sets (model
 names, engines); a metric the server does not export is null. A failed scrape (server gone,
 restarting, refusing) writes a line with `t_s` and `error` only, and sampling goes on: the gap
-stays visible in the file. Parsing is prometheus_client's text parser.
+stays visible in the file. Scraping and parsing are the server endpoints' client's
+(`serve.endpoints`: prometheus_client's text parser, the fields of `FIELDS`).
 """
 
 from __future__ import annotations
@@ -19,38 +20,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import httpx
-from prometheus_client.parser import text_string_to_metric_families
-
 from compaction_bench.common.files import JsonlWriter
-from compaction_bench.common.net import server_url
+from compaction_bench.serve.endpoints import EndpointError, ServerEndpoints, parse_metrics
 
-# field -> (metric family names, newest first; sample suffix)
-FIELDS: dict[str, tuple[tuple[str, ...], str]] = {
-    "num_requests_running": (("vllm:num_requests_running",), ""),
-    "num_requests_waiting": (("vllm:num_requests_waiting",), ""),
-    "kv_cache_usage": (("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"), ""),
-    "prefix_cache_hits": (("vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits"), "_total"),
-    "prefix_cache_queries": (("vllm:prefix_cache_queries", "vllm:gpu_prefix_cache_queries"),
-                             "_total"),
-    "num_preemptions": (("vllm:num_preemptions",), "_total"),
-    "generation_tokens": (("vllm:generation_tokens",), "_total"),
-    "queue_time_sum_s": (("vllm:request_queue_time_seconds",), "_sum"),
-    "queue_time_count": (("vllm:request_queue_time_seconds",), "_count"),
-}
-
-
-def parse_metrics(text: str) -> dict[str, float | None]:
-    """The fields above from a Prometheus text exposition (summed over label sets)."""
-    # keyed by sample name, so exports with and without `# TYPE` lines read the same
-    sums: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            sums[sample.name] = sums.get(sample.name, 0.0) + float(sample.value)
-    out: dict[str, float | None] = {}
-    for name, (families, suffix) in FIELDS.items():
-        out[name] = next((sums[f + suffix] for f in families if f + suffix in sums), None)
-    return out
+# parse_metrics: re-exported while bench/run/progress.py still imports it from here
+__all__ = ["MetricsSampler", "parse_metrics"]
 
 
 class MetricsSampler:
@@ -64,7 +38,7 @@ class MetricsSampler:
     def __init__(self, url: str, path: str | Path, *, interval_s: float = 1.0,
                  origin: float = 0.0, timeout_s: float = 5.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.url = server_url(url) + "/metrics"
+        self.server = ServerEndpoints(url, timeout_s=timeout_s)
         self.writer = JsonlWriter(path)
         self.interval_s = interval_s
         self.origin_s = origin
@@ -72,7 +46,6 @@ class MetricsSampler:
         self.latest: dict[str, Any] | None = None
         self.samples = 0
         self.failures = 0
-        self._client = httpx.Client(timeout=timeout_s)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="metrics-sampler", daemon=True)
 
@@ -83,15 +56,12 @@ class MetricsSampler:
     def sample_once(self) -> dict[str, Any]:
         """Scrape once and write the line (never raises for a failed scrape)."""
         try:
-            response = self._client.get(self.url)
-            response.raise_for_status()
-            values = parse_metrics(response.text)
+            values = self.server.metrics()
             record: dict[str, Any] = {"t_s": self.clock() - self.origin_s, **values}
             self.latest = record
             self.samples += 1
-        except (httpx.HTTPError, ValueError) as exc:
-            record = {"t_s": self.clock() - self.origin_s,
-                      "error": f"{type(exc).__name__} scraping {self.url}: {exc}"}
+        except EndpointError as exc:
+            record = {"t_s": self.clock() - self.origin_s, "error": str(exc)}
             self.failures += 1
         self.writer.write(record)
         return record
@@ -109,7 +79,7 @@ class MetricsSampler:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
-        self._client.close()
+        self.server.close()
         self.writer.close()
 
     def __enter__(self) -> MetricsSampler:

@@ -22,9 +22,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from compaction_bench.bench.analysis.stats import MIN_BLOCKS_FOR_INTERVAL
+from compaction_bench.common.resampling import MIN_UNITS_FOR_INTERVAL, interval, replicates
 from compaction_bench.plan.observations import Continuation
-from compaction_bench.plan.resampling import interval
 
 AMORTIZED_USES = (1, 2, 3, 5, 10)
 
@@ -80,13 +79,13 @@ def break_even(arm: str, condition: str, quantity: str, unit: str,
     if n == 0:
         return BreakEven(arm, condition, quantity, unit, 0, None, None, None, None, None,
                          one_time, None, None, None, None, note=note or "no matched pairs")
-    if n < MIN_BLOCKS_FOR_INTERVAL:  # a bootstrap of one or two pairs says nothing
+    if n < MIN_UNITS_FOR_INTERVAL:  # a bootstrap of one or two pairs says nothing
         note = "; ".join(filter(None, [note, f"{n} pair(s): too few for an interval"]))
     ref = np.array([r for r, _ in matched])
     own = np.array([a for _, a in matched])
     diff = ref - own
     saving = float(diff.mean())
-    reps = diff[rng.integers(0, n, size=(b, n))].mean(axis=1)
+    reps = replicates(diff, rng, "mean", b)
     lo, hi = interval(reps, confidence)
     uses = uses_ci = whole = None
     if one_time is not None:
@@ -102,7 +101,7 @@ def break_even(arm: str, condition: str, quantity: str, unit: str,
         for k in range(0, max_uses + 1):
             c_lo, c_hi = interval(k * reps - one_time, confidence)
             curve.append((k, k * saving - one_time, c_lo, c_hi))
-    if n < MIN_BLOCKS_FOR_INTERVAL:
+    if n < MIN_UNITS_FOR_INTERVAL:
         return BreakEven(arm, condition, quantity, unit, n, float(ref.mean()),
                          float(own.mean()), saving, None, None, one_time, uses, None, whole,
                          serial, amortized, note, [(k, v, v, v) for k, v, _, _ in curve])

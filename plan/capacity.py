@@ -16,7 +16,7 @@ GPUs needed = ceil(A / agents per GPU) x the profile's GPUs per replica.
 
 Quantiles are Harrell-Davis estimates. Intervals: a joint bootstrap resamples each (arm,
 level)'s continuations with replacement (B times, one seeded generator; smoothed for the
-quantiles, plan.resampling) and refits; a relative SLO is recomputed from each resample's
+quantiles, common.resampling) and refits; a relative SLO is recomputed from each resample's
 reference arm. Percentile intervals of N_slo, agents per GPU and GPUs needed come from the same
 resamples.
 """
@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from compaction_bench.common.resampling import interval, replicates, smoothed
+from compaction_bench.common.resampling import quantile as hd_quantile
 from compaction_bench.plan.curve import CurveBatch, MonotoneCurve, leave_one_level_out
 from compaction_bench.plan.observations import SWEEP, Continuation, Engine, Observations
-from compaction_bench.plan.resampling import interval, smoothed
-from compaction_bench.plan.resampling import quantile as hd_quantile
 from compaction_bench.plan.settings import PlanConfig, PlanError, Slo
 
 REFERENCE = "clean"
@@ -157,7 +157,7 @@ def _resample(levels: list[Level], quantile: float, rng: np.random.Generator, b:
     for j, lv in enumerate(levels):
         qs[:, j] = hd_quantile(smoothed(np.maximum(lv.postfork_s, 1e-9), b, rng), quantile,
                                axis=1)
-        cycles[:, j] = lv.cycle_s[rng.integers(0, lv.n, size=(b, lv.n))].mean(axis=1)
+        cycles[:, j] = replicates(lv.cycle_s, rng, "mean", b)
     return qs, cycles
 
 

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from compaction_bench.common.resampling import interval, replicates
 from compaction_bench.plan.capacity import ArmCapacity, Level
 from compaction_bench.plan.curve import MonotoneCurve
 from compaction_bench.plan.observations import Continuation, Observations, Window
-from compaction_bench.plan.resampling import interval
 
 EXTERNAL = "external"  # the arm whose compressor is another server, charged per token
 
@@ -99,7 +99,7 @@ def level_figures(capacity: ArmCapacity, observations: Observations, prices: Pri
     gpus = observations.engine.gpus_per_replica
     out = []
     for lv in capacity.levels:
-        reps = lv.cycle_s[rng.integers(0, lv.n, size=(b, lv.n))].mean(axis=1)
+        reps = replicates(lv.cycle_s, rng, "mean", b)
         mean = float(lv.cycle_s.mean())
         group = [c for c in observations.of(capacity.arm, "sweep") if c.level == lv.level]
         out.append(_figures(capacity.arm, f"N={lv.level}", lv.level, lv.n, mean, reps, gpus,
@@ -171,7 +171,7 @@ def regime_figures(observations: Observations, arm: str, regime: str, prices: Pr
                if not observations.has_requests else "no attributed requests")
         return TaskFigures(arm, regime, None, len(group), None, None, None, None, None,
                            prices.unit, _tokens(group), None, None, note=why)
-    reps = shares[rng.integers(0, len(shares), size=(b, len(shares)))].mean(axis=1)
+    reps = replicates(shares, rng, "mean", b)
     gpu_s = float(shares.mean())
     joules = [c.joules for c in group if c.joules is not None]
     extra = prices.tokens(arm, None if _tokens(group) is None else round(_tokens(group) or 0))

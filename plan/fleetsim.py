@@ -35,8 +35,8 @@ from typing import Any, Protocol
 import numpy as np
 import simpy
 
+from compaction_bench.common.resampling import quantile as hd_quantile
 from compaction_bench.plan.observations import Observations
-from compaction_bench.plan.resampling import quantile as hd_quantile
 from compaction_bench.plan.settings import PlanError
 
 

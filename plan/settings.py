@@ -15,11 +15,12 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from compaction_bench.common.errors import SuiteError
+from compaction_bench.common.resampling import CONFIDENCE, RESAMPLES
 
 DEFAULT_SLO = "p90:2x"
 DEFAULT_AGENTS = 100
-BOOTSTRAP_RESAMPLES = 2000
-CONFIDENCE = 0.95
+# The old name, while plan/cli.py still imports it (the resample count is common.resampling's).
+BOOTSTRAP_RESAMPLES = RESAMPLES
 _SLO = re.compile(r"^p(\d+(?:\.\d+)?):(\d+(?:\.\d+)?)(s|x)?$")
 
 
@@ -76,7 +77,7 @@ class PlanConfig(BaseModel):
     compressor_usd_per_mtok: float | None = Field(
         default=None, ge=0, description="price of the external compressor per million tokens "
         "(prompt + completion)")
-    bootstrap: int = Field(default=BOOTSTRAP_RESAMPLES, ge=100,
+    bootstrap: int = Field(default=RESAMPLES, ge=100,
                            description="bootstrap resamples for every interval")
     confidence: float = Field(default=CONFIDENCE, gt=0.5, lt=1)
     seed: int = Field(default=0, ge=0, description="seed of the bootstrap and the simulator")

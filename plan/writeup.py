@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from compaction_bench.common.markdown import table
 from compaction_bench.plan.breakeven import BreakEven
 from compaction_bench.plan.planner import Plan
 
@@ -32,12 +33,6 @@ def interval(values: Sequence[float | None] | None, digits: int = 2) -> str:
 
 def _digits(unit: str) -> int:
     return 5 if unit == "USD" else 2
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(row) + " |" for row in rows]
-    return out
 
 
 def _scope(plan: Plan) -> list[str]:
@@ -88,8 +83,8 @@ def _capacity(plan: Plan, document: dict[str, Any]) -> list[str]:
                      f"{' (extrapolated)' if cap.n_slo_extrapolated else ''}",
                      str(cap.kv_cap or "-"), f"{cap.seq_cap or '-'} (duty {fmt(cap.duty)})",
                      str(sum(lv.n for lv in cap.levels))])
-    lines += _table(["arm", "agents per GPU", "binding limit", "N meeting the SLO",
-                     "KV-cache cap", "sequence cap", "n"], rows)
+    lines += table(["arm", "agents per GPU", "binding limit", "N meeting the SLO",
+                    "KV-cache cap", "sequence cap", "n"], rows)
     engine = plan.observations.engine
     source = engine.kv_source or "not recorded"
     lines += ["", f"KV pool: {fmt(engine.kv_pool_tokens, 0)} tokens ({source}); resident "
@@ -103,7 +98,7 @@ def _capacity(plan: Plan, document: dict[str, Any]) -> list[str]:
         rows.append([arm, f"**{need.get('gpus') or '-'}**{interval(need.get('gpus_ci'), 0)}",
                      f"{need.get('replicas') or '-'} x {engine.gpus_per_replica}",
                      "yes" if need.get("extrapolated") else "no"])
-    lines += _table(["arm", "GPUs", "replicas x GPUs per replica", "extrapolated"], rows)
+    lines += table(["arm", "GPUs", "replicas x GPUs per replica", "extrapolated"], rows)
     lines += ["", "## Per task at the planned fleet", ""]
     rows = []
     for arm, f in plan.operating.items():
@@ -115,8 +110,8 @@ def _capacity(plan: Plan, document: dict[str, Any]) -> list[str]:
                      f"{fmt(f.gpu_s_per_task)}{interval(f.gpu_s_per_task_ci)}",
                      f"{fmt(f.cost_per_task, _digits(f.cost_unit))} {f.cost_unit}",
                      fmt(f.joules_per_task, 0)])
-    lines += _table(["arm", "agents per GPU", "tasks per GPU-hour", "GPU-s per task",
-                     "cost per task", "J per task"], rows)
+    lines += table(["arm", "agents per GPU", "tasks per GPU-hour", "GPU-s per task",
+                    "cost per task", "J per task"], rows)
     return [*lines, ""]
 
 
@@ -135,8 +130,8 @@ def _levels(plan: Plan) -> list[str]:
                          fmt(float(cap.mean_cycle[j]), 1), fmt(lv.duty),
                          f"{fmt(f.tasks_per_gpu_hour, 0)}{interval(f.tasks_per_gpu_hour_ci, 0)}",
                          fmt(f.joules_per_task, 0)])
-    lines += _table(["arm", "N", "n", "failed", f"{q} postfork s", "mean cycle s", "duty",
-                     "tasks per GPU-hour", "J per task"], rows)
+    lines += table(["arm", "N", "n", "failed", f"{q} postfork s", "mean cycle s", "duty",
+                    "tasks per GPU-hour", "J per task"], rows)
     lines += ["", "### How far the curve reaches", ""]
     for arm, cap in plan.capacity.items():
         if not cap.lolo:
@@ -192,8 +187,8 @@ def _breakeven(plan: Plan) -> list[str]:
     for quantity, unit in (("time", "s"), ("cost", plan.prices.unit)):
         rows = [be for be in plan.breakeven if be.quantity == quantity]
         lines += [f"### {quantity.capitalize()} ({unit})", ""]
-        table = _breakeven_rows(rows)
-        lines += _table(header, table) if table else ["No matched pairs could be priced."]
+        cells = _breakeven_rows(rows)
+        lines += table(header, cells) if cells else ["No matched pairs could be priced."]
         lines += ["", *_notes(rows), ""]
     return lines
 
@@ -207,8 +202,8 @@ def _regimes(plan: Plan) -> list[str]:
              f"{fmt(f.cost_per_task, _digits(f.cost_unit))} {f.cost_unit}"
              if f.cost_per_task is not None else "-",
              fmt(f.joules_per_task, 0), f.note] for f in plan.regime_figures]
-    lines += _table(["arm", "regime", "n", "GPU-s per task", "cost per task", "J per task",
-                     "how"], rows)
+    lines += table(["arm", "regime", "n", "GPU-s per task", "cost per task", "J per task",
+                    "how"], rows)
     return [*lines, ""]
 
 
@@ -236,7 +231,7 @@ def _simulation(plan: Plan) -> list[str]:
     header = ["arm", "N", f"simulated {q} s", f"measured {q} s", "APE %", "beyond measured"]
     if sim.transfer_device:
         header.append(f"on {sim.transfer_device} (unvalidated)")
-    lines += ["", *_table(header, rows)]
+    lines += ["", *table(header, rows)]
     lines += [f"- {note}" for note in sim.notes]
     return [*lines, ""]
 

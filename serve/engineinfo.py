@@ -4,26 +4,18 @@
 vLLM states its effective cache arguments as the labels of the `vllm:cache_config_info` gauge on
 `/metrics` (block size, prefix caching, retention interval, KV blocks), and registers its
 `vllm:spec_decode_*` counters only when speculative decoding is configured
-(vllm/v1/spec_decode/metrics.py, `SpecDecodingProm`), so `/metrics` alone tells both.
+(vllm/v1/spec_decode/metrics.py, `SpecDecodingProm`), so `/metrics` alone tells both. Both are
+read through the server endpoints' client (`serve.endpoints`).
 """
 
 from __future__ import annotations
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from compaction_bench.serve.checkreport import CheckResult
+from compaction_bench.serve.endpoints import cache_config
 from compaction_bench.serve.profile import Profile, version_tuple
 
-
-def cache_config(metrics_text: str | None) -> dict[str, str]:
-    """The labels of `vllm:cache_config_info` (engine 0), or {} where the server has none."""
-    if not metrics_text:
-        return {}
-    for family in text_string_to_metric_families(metrics_text):
-        if family.name == "vllm:cache_config_info":
-            for sample in family.samples:
-                return {k: v for k, v in sample.labels.items()}
-    return {}
+# cache_config: re-exported while bench/run/sweep.py still imports it from here
+__all__ = ["cache_config", "check_server", "int_label"]
 
 
 def int_label(config: dict[str, str], key: str) -> int | None:

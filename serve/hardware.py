@@ -1,10 +1,23 @@
-"""What accelerator this machine has, read through NVML (nvidia-ml-py). No GPU is not an error."""
+"""What machine this is: its CPU (named by `common.provenance`) and its NVIDIA GPUs, read
+through NVML (nvidia-ml-py). No GPU is not an error.
+
+This is the one place the suite opens NVML: the launcher's engine check and the manifest's
+hardware (`detect_gpus`, `describe_host`), the bench's GPU telemetry (`loadgen.gpu`, through
+`open_nvml` / `close_nvml`, held open while it samples) and the GPU device check's driver
+version (`kernels.devicecheck`). A stand-in for the library may be passed wherever NVML is
+opened (the tests of the sampler do).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
-import platform
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from types import ModuleType
+from typing import Any
+
+from compaction_bench.common.provenance import cpu_model
 
 
 @dataclass(frozen=True)
@@ -15,37 +28,78 @@ class Gpu:
     driver: str
 
 
-def detect_gpus() -> list[Gpu]:
+class NvmlUnavailableError(Exception):
+    """NVML cannot be opened here (no library, no driver); the message says which."""
+
+
+def open_nvml(module: ModuleType | None = None) -> ModuleType:
+    """NVML (`module`, by default pynvml), initialised; close it with `close_nvml`. Raises
+    `NvmlUnavailableError` naming the reason where the library or the driver is missing."""
+    try:
+        nvml = module if module is not None else _pynvml()
+        nvml.nvmlInit()
+    except Exception as exc:  # ImportError, NVMLError_LibraryNotFound, DriverNotLoaded, ...
+        raise NvmlUnavailableError(f"NVML unavailable ({type(exc).__name__}: {exc}); no NVIDIA "
+                              "driver on this machine") from exc
+    return nvml
+
+
+def _pynvml() -> ModuleType:
+    import pynvml
+
+    module: ModuleType = pynvml
+    return module
+
+
+def close_nvml(nvml: ModuleType) -> None:
+    """Shut NVML down; never raises (telemetry must never fail a run)."""
+    with contextlib.suppress(Exception):
+        nvml.nvmlShutdown()
+
+
+@contextlib.contextmanager
+def nvml_open(module: ModuleType | None = None) -> Iterator[ModuleType]:
+    """`with nvml_open() as nvml:` NVML initialised inside the block (NvmlUnavailableError
+    where it cannot be)."""
+    nvml = open_nvml(module)
+    try:
+        yield nvml
+    finally:
+        close_nvml(nvml)
+
+
+def text(value: Any) -> str:
+    """A string NVML returned (bytes in older nvidia-ml-py releases)."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def detect_gpus(module: ModuleType | None = None) -> list[Gpu]:
     """The NVIDIA GPUs NVML sees; an empty list where there is no driver or no GPU."""
     try:
-        import pynvml
-    except ImportError:
+        with nvml_open(module) as nvml:
+            driver = text(nvml.nvmlSystemGetDriverVersion())
+            gpus = []
+            for i in range(nvml.nvmlDeviceGetCount()):
+                handle = nvml.nvmlDeviceGetHandleByIndex(i)
+                mem = nvml.nvmlDeviceGetMemoryInfo(handle)
+                gpus.append(Gpu(i, text(nvml.nvmlDeviceGetName(handle)), mem.total / 2**30,
+                                driver))
+            return gpus
+    except NvmlUnavailableError:
         return []
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return []
-    try:
-        driver = _text(pynvml.nvmlSystemGetDriverVersion())
-        gpus = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-            mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            gpus.append(Gpu(i, _text(pynvml.nvmlDeviceGetName(handle)), mem.total / 2**30, driver))
-        return gpus
-    finally:
-        pynvml.nvmlShutdown()
 
 
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+def driver_version(module: ModuleType | None = None) -> str | None:
+    """The NVIDIA driver's version, or None where NVML cannot be opened."""
+    try:
+        with nvml_open(module) as nvml:
+            return text(nvml.nvmlSystemGetDriverVersion())
+    except NvmlUnavailableError:
+        return None
 
 
 def describe_host() -> dict[str, object]:
-    """Hardware facts for run manifests."""
-    gpus = detect_gpus()
-    return {
-        "cpu": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "gpus": [g.__dict__ for g in gpus],
-    }
+    """Hardware facts for run manifests: the CPU by the name every record of the suite uses
+    (`common.provenance.cpu_model`), its logical cores and the GPUs."""
+    return {"cpu": cpu_model(), "cpu_count": os.cpu_count(),
+            "gpus": [asdict(g) for g in detect_gpus()]}

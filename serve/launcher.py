@@ -1,9 +1,9 @@
 """Start, watch and stop a vLLM OpenAI-compatible server for a profile.
 
-The server runs in a process group of its own (`serve.process`), so stopping it stops vLLM's
-engine processes too. A background server leaves a pid file so `make stop` can find it from
-another shell. Readiness is `/health` answering 200; a server that dies first raises an error
-quoting the end of its log.
+The server runs in a process group of its own, so stopping it (`common.processtree`) stops
+vLLM's engine processes too. A background server leaves a pid file so `make stop` can find it from
+another shell. Readiness is `/health` answering 200 (`serve.endpoints`); a server that dies
+first raises an error quoting the end of its log.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import IO
 
-import httpx
 import psutil
 
 from compaction_bench.common.files import append_jsonl
 from compaction_bench.common.net import api_url, server_url
 from compaction_bench.common.paths import run_state_dir
+from compaction_bench.common.processtree import stop_tree
 from compaction_bench.serve.command import (
     ALWAYS_ON,
     OFFLINE_ENV,
@@ -34,6 +34,7 @@ from compaction_bench.serve.command import (
     build_command,
     build_env,
 )
+from compaction_bench.serve.endpoints import ServerEndpoints, is_healthy, server_version
 from compaction_bench.serve.errors import (
     EngineUnavailableError,
     PortInUseError,
@@ -42,19 +43,15 @@ from compaction_bench.serve.errors import (
 )
 from compaction_bench.serve.hardware import detect_gpus
 from compaction_bench.serve.model import resolve_model
-from compaction_bench.serve.process import (
-    pid_file,
-    process_tree,
-    rotate_log,
-    tail,
-    terminate_group,
-    write_pid_file,
-)
+from compaction_bench.serve.process import pid_file, rotate_log, tail, write_pid_file
 from compaction_bench.serve.profile import Profile
 from compaction_bench.serve.versions import check_vllm_version, installed_vllm
 
+# is_healthy, server_version: re-exported while bench/run and tests/conftest.py import them here
 __all__ = ["ALWAYS_ON", "OFFLINE_ENV", "Server", "ServerConfig", "build_command", "build_env",
-           "check_engine", "check_port", "serve_foreground", "server_for", "start_server"]
+           "check_engine", "check_port", "is_healthy", "require_server", "serve_foreground",
+           "server_for", "server_version", "start_server"]
+
 
 def check_engine(profile: Profile) -> str | None:
     """Fail early, and clearly, where this machine cannot run the profile; return a note when
@@ -184,7 +181,7 @@ class Server:
         assert self.process is not None, "start() first"
         timeout = self.config.ready_timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout
-        with httpx.Client(timeout=2.0) as client:
+        with ServerEndpoints(self.server_url, timeout_s=2.0) as server:
             while time.monotonic() < deadline:
                 code = self.process.poll()
                 if code is not None:
@@ -195,11 +192,10 @@ class Server:
                         f"{code} while starting (log {self.log_path}); its last lines:\n"
                         f"{tail(self.log_path)}"
                     )
-                with contextlib.suppress(httpx.HTTPError):
-                    if client.get(f"{self.server_url}/health").status_code == 200:
-                        if self.started_monotonic is not None:
-                            self.ready_s = time.monotonic() - self.started_monotonic
-                        return
+                if server.healthy():
+                    if self.started_monotonic is not None:
+                        self.ready_s = time.monotonic() - self.started_monotonic
+                    return
                 time.sleep(0.5)
         self.stop()
         raise ServerStartError(
@@ -212,15 +208,11 @@ class Server:
         if self._pump is not None:
             self._pump.join(timeout=5)
 
-    def process_tree(self) -> list[psutil.Process]:
-        """The server process and all its descendants, as they are now."""
-        return process_tree(self.process.pid) if self.process is not None else []
-
     def stop(self, timeout_s: float = 30.0) -> None:
-        """Stop the whole process group: SIGTERM, then SIGKILL after `timeout_s`. Idempotent."""
+        """Stop the whole process tree: SIGTERM, then SIGKILL after `timeout_s`. Idempotent."""
         if self.process is None:
             return
-        terminate_group(self.process.pid, self.process_tree(), timeout_s, self.process)
+        stop_tree(self.process, grace_s=timeout_s)
         self._cleanup()
 
     def _cleanup(self) -> None:
@@ -297,23 +289,6 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
-def server_version(url: str) -> str | None:
-    """vLLM's `/version` of the server at `url` (either form), or None where it has none."""
-    try:
-        reply = httpx.get(f"{server_url(url)}/version", timeout=10)
-        return str(reply.json().get("version")) if reply.status_code == 200 else None
-    except (httpx.HTTPError, ValueError):
-        return None
-
-
-def is_healthy(url: str) -> bool:
-    """Whether the server at `url` (with or without /v1) answers /health with 200."""
-    try:
-        return httpx.get(f"{server_url(url)}/health", timeout=3).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
 class LazyServer:
     """A helper server (the embedded external compressor) started the first time something
     needs it, not before: `ensure()` is thread-safe, uses a server already healthy on the port,
@@ -368,13 +343,9 @@ class LazyServer:
 def require_server(url: str) -> None:
     """Raise `ServerUnreachableError` unless the server at `url` answers `/health` or
     `/v1/models` (servers other than vLLM may lack /health)."""
-    if is_healthy(url):
-        return
-    try:
-        if httpx.get(f"{api_url(url)}/models", timeout=5).status_code == 200:
+    with ServerEndpoints(url, timeout_s=5.0) as server:
+        if server.healthy() or server.models() is not None:
             return
-    except httpx.HTTPError:
-        pass
     raise ServerUnreachableError(
         f"no server answers at {server_url(url)} (/health and /v1/models); start one with "
         "`make serve`, or check BASE_URL")

@@ -1,6 +1,7 @@
 """Process groups, pid files and logs of the servers the suite starts.
 
-A server runs in a process group of its own, so stopping it stops vLLM's engine processes too.
+A server runs in a process group of its own, so stopping it (`common.processtree.stop_tree`)
+stops vLLM's engine processes too.
 A background server leaves a pid file in the run-state folder (`common.paths.run_state_dir`)
 carrying its pid, process group and the process's start time: `make stop` acts only on a pid
 whose start time still matches, so a recycled pid is never signalled. A restart keeps the
@@ -9,11 +10,8 @@ previous log as `<log>.1` instead of overwriting the crashed server's last words
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +20,7 @@ import psutil
 
 from compaction_bench.common.files import write_json_atomic
 from compaction_bench.common.paths import run_state_dir
+from compaction_bench.common.processtree import stop_tree
 
 LOG_TAIL_LINES = 25
 
@@ -81,57 +80,6 @@ def still_ours(record: dict[str, Any]) -> bool:
     return now is not None and (not isinstance(started, int | float) or abs(now - started) < 1.0)
 
 
-def alive(procs: list[psutil.Process]) -> list[psutil.Process]:
-    """The processes of `procs` that still run (zombies excluded)."""
-    out = []
-    for p in procs:
-        try:
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
-        except psutil.NoSuchProcess:
-            continue
-    return out
-
-
-def group_members(pgid: int) -> list[psutil.Process]:
-    """Live (non-zombie) processes in a process group."""
-    members = []
-    for p in psutil.process_iter():
-        try:
-            if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
-                members.append(p)
-        except (psutil.Error, ProcessLookupError, PermissionError):
-            continue
-    return members
-
-
-def process_tree(pid: int) -> list[psutil.Process]:
-    """A process and all its descendants, as they are now."""
-    try:
-        root = psutil.Process(pid)
-        return [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
-
-
-def terminate_group(pgid: int, known: list[psutil.Process], timeout_s: float,
-                    child: subprocess.Popen[Any] | None = None) -> None:
-    """SIGTERM the group and every known descendant, wait, then SIGKILL what is left."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, sig)
-        for p in alive(known):
-            with contextlib.suppress(psutil.Error):
-                p.send_signal(sig)
-        deadline = time.monotonic() + (timeout_s if sig == signal.SIGTERM else 10.0)
-        while time.monotonic() < deadline:
-            if child is not None:
-                child.poll()
-            if not alive(known) and not group_members(pgid):
-                return
-            time.sleep(0.2)
-
-
 def stop_background(port: int | None = None, timeout_s: float = 30.0) -> list[dict[str, Any]]:
     """Stop servers recorded in pid files (all, or the one on `port`); return their records.
 
@@ -141,8 +89,8 @@ def stop_background(port: int | None = None, timeout_s: float = 30.0) -> list[di
     stopped = []
     for path, record in read_pid_files(port):
         if still_ours(record):
-            terminate_group(int(record.get("pgid", record["pid"])), process_tree(record["pid"]),
-                            timeout_s)
+            stop_tree(record["pid"], pgid=int(record.get("pgid", record["pid"])),
+                      grace_s=timeout_s)
             record["stale"] = False
         else:
             record["stale"] = True

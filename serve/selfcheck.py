@@ -1,7 +1,8 @@
 """The serve-time self-check: after `/health` and before any block or sweep, on every profile.
 
-`run_selfcheck(api_url, profile)` checks, against the live server and through the suite's one
-client (`transport.client`), what the experiment silently depends on:
+`run_selfcheck(api_url, profile)` checks, against the live server, through the suite's one
+streaming client for chat requests (`transport.client`) and its one client of the server's own
+endpoints (`serve.endpoints`), what the experiment silently depends on:
 
 1. served names: every name of the profile is listed by `/v1/models` and answers a request;
 2. prefix cache: a prompt of several KV blocks (at the profile's block size, else the size the
@@ -32,14 +33,11 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-import httpx
-
 from compaction_bench.common.net import api_url as to_api_url
-from compaction_bench.common.net import server_url as to_server_url
 from compaction_bench.common.timing import Clock, monotonic
-from compaction_bench.loadgen.metrics import parse_metrics
 from compaction_bench.serve.checkreport import CheckResult, SelfCheckError, SelfCheckReport
-from compaction_bench.serve.engineinfo import cache_config, check_server, int_label
+from compaction_bench.serve.endpoints import EndpointError, ServerEndpoints, parse_metrics
+from compaction_bench.serve.engineinfo import check_server, int_label
 from compaction_bench.serve.profile import Profile
 from compaction_bench.transport.client import Response, StreamClient, prepare
 
@@ -100,16 +98,15 @@ class _Probe:
 
     def __init__(self, url: str, profile: Profile, api_key: str | None, clock: Clock,
                  read_timeout_s: float) -> None:
-        self.api_url, self.server_url = to_api_url(url), to_server_url(url)
+        self.api_url = to_api_url(url)
         self.profile, self.api_key, self.clock = profile, api_key, clock
         self.stream = StreamClient(read_timeout_s=read_timeout_s, clock=clock)
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.http = httpx.Client(timeout=30.0, headers=headers)
+        self.server = ServerEndpoints(url, api_key=api_key, timeout_s=30.0)
         self.sent = 0
 
     def close(self) -> None:
         self.stream.close()
-        self.http.close()
+        self.server.close()
 
     def chat(self, payload: dict[str, Any]) -> Response:
         self.sent += 1
@@ -117,30 +114,25 @@ class _Probe:
         return self.stream.send(prepare(self.api_url, body, request_id=f"selfcheck-{self.sent}-"
                                         f"{uuid.uuid4().hex[:8]}", api_key=self.api_key))
 
-    def get_json(self, path: str) -> Any:
-        try:
-            reply = self.http.get(self.server_url + path)
-            return reply.json() if reply.status_code == 200 else None
-        except (httpx.HTTPError, ValueError):
-            return None
-
     def metrics_text(self) -> str | None:
         try:
-            reply = self.http.get(self.server_url + "/metrics")
-            return reply.text if reply.status_code == 200 else None
-        except httpx.HTTPError:
+            return self.server.metrics_text()
+        except EndpointError:
             return None
 
-    def tokens(self, messages: list[dict[str, str]]) -> list[int] | None:
+    def counters(self) -> dict[str, float | None]:
+        """The bench's /metrics fields (all None where the server exports none)."""
+        try:
+            return self.server.metrics()
+        except EndpointError:
+            return parse_metrics("")
+
+    def tokens(self, messages: list[dict[str, Any]]) -> list[int] | None:
         """The prompt's token ids from vLLM's /tokenize (chat template applied), or None."""
         try:
-            reply = self.http.post(self.server_url + "/tokenize", json={
-                "model": self.profile.model.target_name, "messages": messages,
-                "add_generation_prompt": True})
-            tokens = reply.json().get("tokens") if reply.status_code == 200 else None
-        except (httpx.HTTPError, ValueError, AttributeError):
+            return self.server.tokenize_chat(self.profile.model.target_name, messages)
+        except EndpointError:
             return None
-        return tokens if isinstance(tokens, list) else None
 
 
 def _error(response: Response) -> str:
@@ -155,8 +147,7 @@ def _filler(start: int, count: int, word: str) -> str:
 
 def _check_names(probe: _Probe) -> CheckResult:
     names = probe.profile.model.served_names
-    listed = probe.get_json("/v1/models")
-    ids = [m.get("id") for m in listed.get("data", [])] if isinstance(listed, dict) else []
+    ids = [m.get("id") for m in probe.server.models() or []]
     missing = [n for n in names if n not in ids]
     failed = []
     timings = {}
@@ -188,7 +179,7 @@ def _cache_checks(probe: _Probe, config: dict[str, str]) -> list[CheckResult]:
                        _filler(shared, count - shared, "Entry")}]
     target = probe.profile.model.target_name
     cold = probe.chat({"model": target, "max_tokens": 1, "messages": first})
-    before = parse_metrics(probe.metrics_text() or "")
+    before = probe.counters()
     repeat = probe.chat({"model": target, "max_tokens": 1, "messages": first})
     results = [_repeat_result(cold, repeat, block)]
     results.append(_metrics_result(probe, before, repeat))
@@ -235,7 +226,7 @@ def _metrics_result(probe: _Probe, before: dict[str, float | None],
                            "cached tokens")
     deadline = probe.clock() + METRICS_WAIT_S
     while True:
-        after = parse_metrics(probe.metrics_text() or "")
+        after = probe.counters()
         hits = (after.get("prefix_cache_hits") or 0.0) - (before["prefix_cache_hits"] or 0.0)
         queries = ((after.get("prefix_cache_queries") or 0.0)
                    - (before["prefix_cache_queries"] or 0.0))
@@ -336,14 +327,10 @@ def run_selfcheck(api_url: str, profile: Profile, *, api_key: str | None = None,
     started = clock()
     probe = _Probe(api_url, profile, api_key, clock, read_timeout_s)
     try:
-        version_body = probe.get_json("/version")
-        version = str(version_body.get("version")) if isinstance(version_body, dict) else None
-        metrics_text = probe.metrics_text()
-        config = cache_config(metrics_text)
-        listed = probe.get_json("/v1/models")
+        version = probe.server.version()
+        config = probe.server.cache_config()
         models = tuple({k: m.get(k) for k in ("id", "root", "max_model_len")}
-                       for m in (listed.get("data", []) if isinstance(listed, dict) else [])
-                       if isinstance(m, dict))
+                       for m in probe.server.models() or [])
         checks = [_check_names(probe)]
         if not checks[0].failed:
             checks += _cache_checks(probe, config)

@@ -1,11 +1,21 @@
-"""Shared fixtures. The integration tests run against one real vLLM CPU server with the embedded
-model, started once per test session (cold start is 1.5-2 minutes on 2 cores)."""
+"""Shared fixtures and the test tiers.
+
+Three tiers, by marker: unmarked tests are unit tests (one process: threads and in-process fake
+servers only, no child process, `make test-unit`); `e2e` tests start processes but no real vLLM
+server (the fake engine, locust, bubblewrap boxes, CLI subprocesses, the fault rows); and
+`integration` tests need the real vLLM CPU server with the embedded model, started once per test
+session (cold start is 1.5-2 minutes on 2 cores), or start their own. A test that is both e2e and
+integration is marked integration. A unit test that starts a process fails, naming itself."""
 
 from __future__ import annotations
 
+import multiprocessing.process
+import multiprocessing.util
 import os
+import platform
+import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +39,83 @@ settings.register_profile("long", parent=settings.get_profile("default"), derand
 settings.load_profile(os.environ.get("COMPBENCH_FUZZ") or "default")
 
 
+# Per-test timeouts by tier (pytest-timeout; setup, call and teardown together), about 3-5 times
+# the slowest test of the tier measured on 2 busy cores, so a hang ends the test with a
+# traceback long before CI's own limit, and a slow-but-working test never trips it. A test that
+# needs more says so with its own `@pytest.mark.timeout(...)`, which wins over these.
+TIER_TIMEOUT_S = {"unit": 60, "e2e": 300, "integration": 900}
+
+
+def tier(item: pytest.Item) -> str:
+    """The item's tier: "integration", "e2e" or "unit" (module docstring)."""
+    for name in ("integration", "e2e"):
+        if item.get_closest_marker(name) is not None:
+            return name
+    return "unit"
+
+
+class ProcessInUnitTest(RuntimeError):
+    """A unit test started a process."""
+
+
+# Every way a test could start a child process: subprocess (and with it asyncio's subprocesses,
+# os.popen and everything else built on Popen), the raw fork and spawn calls, and
+# multiprocessing (process starts and the helper processes it spawns itself).
+_PROCESS_STARTS: tuple[tuple[Any, str], ...] = (
+    (subprocess.Popen, "_execute_child"), (os, "fork"), (os, "forkpty"), (os, "posix_spawn"),
+    (os, "posix_spawnp"), (os, "system"), (multiprocessing.process.BaseProcess, "start"),
+    (multiprocessing.util, "spawnv_passfds"),
+)
+
+
+def _refusal(item: pytest.Item, what: str, attempts: list[str]) -> Callable[..., Any]:
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        message = (f"{item.nodeid}: a unit test started a process ({what}); mark the test "
+                   f"`@pytest.mark.e2e` (or `integration` if it needs the real vLLM server), "
+                   f"or keep it in one process (threads and in-process fake servers are fine)")
+        attempts.append(message)
+        raise ProcessInUnitTest(message)
+
+    return refuse
+
+
+def _unit_tier_guard(item: pytest.Item) -> Generator[None, object, object]:
+    """Run one phase of a test; a unit test's phase may start no process. The attempt fails the
+    test even where the code under test caught the error (an arm that records its error and
+    goes on), so a unit test cannot quietly start processes."""
+    if tier(item) != "unit":
+        return (yield)
+    attempts: list[str] = []
+    with pytest.MonkeyPatch.context() as patch:
+        for owner, name in _PROCESS_STARTS:
+            patch.setattr(owner, name, _refusal(item, f"{getattr(owner, '__name__', owner)}."
+                                                      f"{name}", attempts))
+        try:
+            result = yield
+        except BaseException as error:
+            if attempts:
+                raise ProcessInUnitTest(attempts[0]) from error
+            raise
+    if attempts:
+        raise ProcessInUnitTest(attempts[0])
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Generator[None, object, object]:
+    return (yield from _unit_tier_guard(item))  # fixtures of every scope start here
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
+    return (yield from _unit_tier_guard(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, object, object]:
+    return (yield from _unit_tier_guard(item))
+
+
 
 # The session server starts as soon as collection knows an integration test will run, and the
 # integration tests run last: its cold start (1.5-2 minutes of one core) overlaps the unit tests
@@ -38,6 +125,10 @@ _SESSION: dict[str, Any] = {}
 
 def pytest_configure(config: pytest.Config) -> None:
     """Pid files and logs of test servers go to a temp folder, not the checkout's `.run/`."""
+    # The standard library asks `uname -p` once per interpreter for the processor name and
+    # caches it; asked here, before any test, host facts in a run manifest or a result file's
+    # provenance cost no process inside a unit test.
+    platform.platform()
     path = Path(tempfile.mkdtemp(prefix="compbench-test-run-"))
     _SESSION["old_run_dir"] = os.environ.get("COMPBENCH_RUN_DIR")
     _SESSION["run_dir"] = path
@@ -61,6 +152,13 @@ def _needs_server(item: pytest.Item) -> bool:
 @pytest.hookimpl(trylast=True)  # after -m/-k deselection: only the tests that will run count
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
                                   items: list[pytest.Item]) -> None:
+    for item in items:
+        if _needs_server(item) and tier(item) != "integration":
+            raise pytest.UsageError(f"{item.nodeid} uses the `cpu_server` fixture (the real vLLM "
+                                    f"server) but is not marked integration: mark it "
+                                    f"`@pytest.mark.integration`")
+        if item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(TIER_TIMEOUT_S[tier(item)]))
     items.sort(key=_needs_server)  # stable: file order within each group
     if (any(map(_needs_server, items)) and not os.environ.get("COMPBENCH_TEST_SERVER_PORT")
             and not config.option.collectonly):

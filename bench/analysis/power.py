@@ -8,7 +8,7 @@ other arms' paired changes by a robust estimate (1.4826 x the median absolute de
 log ratios around each arm's median), else 0.1.
 
 - False positives: `false_positive_rate` draws `reps` runs of n blocks with no effect and counts
-  how often the interval the analysis reports (`bench.stats.paired_change`, 95% percentile
+  how often the interval the analysis reports (`bench.analysis.stats.paired_change`, 95% percentile
   bootstrap of the median, here with `resamples` resamples) excludes 0.
 - Power: the sample median of n paired changes has a standard error of about
   1.2533 * sigma / sqrt(n) (its asymptotic efficiency against the mean under normal noise), so a
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from compaction_bench.bench.analysis.stats import MIN_BLOCKS_FOR_INTERVAL, bootstrap_median_interval
+from compaction_bench.common.resampling import MIN_UNITS_FOR_INTERVAL, bootstrap_interval
 
 Z_95 = 1.959964
 Z_80 = 0.841621
@@ -55,13 +55,13 @@ class Sensitivity:
 def noise_sigma(changes_pct: Mapping[str, Sequence[float]]) -> tuple[float, str, int]:
     """(sigma, source, n) from paired percent changes per arm (see the module docstring)."""
     logs = {arm: np.log1p(np.asarray(v, dtype=float) / 100.0) for arm, v in changes_pct.items()
-            if len(v) >= MIN_BLOCKS_FOR_INTERVAL}
+            if len(v) >= MIN_UNITS_FOR_INTERVAL}
     if "placebo" in logs:
         values = logs["placebo"]
         return float(np.std(values, ddof=1)), "placebo", int(values.size)
     deviations = np.concatenate([v - np.median(v) for v in logs.values()]) if logs else (
         np.array([]))
-    if deviations.size >= MIN_BLOCKS_FOR_INTERVAL:
+    if deviations.size >= MIN_UNITS_FOR_INTERVAL:
         sigma = 1.4826 * float(np.median(np.abs(deviations)))
         if sigma > 0:
             return sigma, "arms", int(deviations.size)
@@ -82,8 +82,8 @@ def detection_rate(n: int, sigma: float, effect: float, *, reps: int, resamples:
     rng = np.random.default_rng([seed, n, int(effect * 1e6)])
     hits = 0
     for _ in range(reps):
-        interval = bootstrap_median_interval(simulate_changes(rng, n, sigma, effect), rng,
-                                             resamples=resamples)
+        interval = bootstrap_interval(simulate_changes(rng, n, sigma, effect), rng, "median",
+                                      resamples=resamples)
         hits += interval is not None and (interval[0] > 0 or interval[1] < 0)
     return hits / reps
 
@@ -96,7 +96,7 @@ def false_positive_rate(n: int, sigma: float, *, reps: int = 1000, resamples: in
 def blocks_for_power(sigma: float, effect: float, power_z: float = Z_80) -> int:
     """Blocks needed to detect a relative change `effect` with 80% power (module docstring)."""
     n = ((Z_95 + power_z) * MEDIAN_SE_FACTOR * sigma / abs(math.log1p(effect))) ** 2
-    return max(MIN_BLOCKS_FOR_INTERVAL, math.ceil(n))
+    return max(MIN_UNITS_FOR_INTERVAL, math.ceil(n))
 
 
 def noise_figures(changes_pct: Mapping[str, Sequence[float]], *, seed: int = 0,

@@ -1,6 +1,7 @@
-"""Paired statistics over blocks: percent changes, medians, bootstrap intervals, percentiles.
+"""Paired statistics over blocks: percent changes, medians and their intervals, percentiles.
 
-Every function is pure; randomness comes in as a seeded `numpy.random.Generator`.
+Every function is pure; randomness comes in as a seeded `numpy.random.Generator`. Intervals are
+the suite's one bootstrap convention (`common.resampling`), resampling whole blocks.
 """
 
 from __future__ import annotations
@@ -11,11 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-BOOTSTRAP_RESAMPLES = 10_000
-CONFIDENCE = 0.95
-# Below this many paired blocks a percentile interval of a median is not worth printing: with
-# two blocks the bootstrap distribution has at most three distinct medians.
-MIN_BLOCKS_FOR_INTERVAL = 3
+from compaction_bench.common.resampling import RESAMPLES, bootstrap_interval
+
 PERCENTILES = (50, 90, 99)
 
 
@@ -24,7 +22,8 @@ class PairedChange:
     """The paired comparison of one arm against the reference over the same n blocks.
 
     `changes_pct[i]` is 100 * (arm_i - ref_i) / ref_i for block i. The interval is None when
-    n < MIN_BLOCKS_FOR_INTERVAL. `n_faster` counts blocks where the arm is strictly lower.
+    n < MIN_UNITS_FOR_INTERVAL (`common.resampling`). `n_faster` counts blocks where the arm is
+    strictly lower.
     """
 
     n: int
@@ -65,40 +64,19 @@ def percent_changes(arm: Sequence[float], reference: Sequence[float]) -> np.ndar
     return np.asarray(100.0 * (a - r) / r)
 
 
-def bootstrap_median_interval(
-    values: Sequence[float] | np.ndarray,
-    rng: np.random.Generator,
-    *,
-    resamples: int = BOOTSTRAP_RESAMPLES,
-    confidence: float = CONFIDENCE,
-) -> tuple[float, float] | None:
-    """Percentile bootstrap interval of the median, resampling whole blocks with replacement.
-
-    The block is the resampling unit because the arms of a block share load, cache state and
-    start time: their paired change is one observation. Returns None for fewer than
-    MIN_BLOCKS_FOR_INTERVAL values. Vectorized: one (resamples, n) index draw.
-    """
-    data = np.asarray(values, dtype=float)
-    n = data.size
-    if n < MIN_BLOCKS_FOR_INTERVAL:
-        return None
-    index = rng.integers(0, n, size=(resamples, n))
-    medians = np.median(data[index], axis=1)
-    tail = 100.0 * (1.0 - confidence) / 2.0
-    low, high = np.percentile(medians, [tail, 100.0 - tail])
-    return float(low), float(high)
-
-
 def paired_change(
     arm: Sequence[float],
     reference: Sequence[float],
     rng: np.random.Generator,
     *,
-    resamples: int = BOOTSTRAP_RESAMPLES,
+    resamples: int = RESAMPLES,
 ) -> PairedChange:
-    """Median paired percent change of `arm` vs `reference`, its interval and direction counts."""
+    """Median paired percent change of `arm` vs `reference`, its interval and direction counts.
+
+    The interval resamples whole blocks, because the arms of a block share load, cache state
+    and start time: their paired change is one observation."""
     changes = percent_changes(arm, reference)
-    interval = bootstrap_median_interval(changes, rng, resamples=resamples)
+    interval = bootstrap_interval(changes, rng, "median", resamples=resamples)
     return PairedChange(
         n=int(changes.size),
         changes_pct=tuple(float(c) for c in changes),

@@ -11,12 +11,8 @@ from typing import Any
 from compaction_bench.bench.analysis.overhead import harness_overhead
 from compaction_bench.bench.analysis.paired import POOLED, ArmComparison, Comparison, RunAnalysis
 from compaction_bench.bench.analysis.runfolder import REFERENCE_ARM
-from compaction_bench.bench.analysis.stats import (
-    BOOTSTRAP_RESAMPLES,
-    CONFIDENCE,
-    MIN_BLOCKS_FOR_INTERVAL,
-    PairedChange,
-)
+from compaction_bench.bench.analysis.stats import PairedChange
+from compaction_bench.common.resampling import CONFIDENCE, MIN_UNITS_FOR_INTERVAL, RESAMPLES
 
 SUMMARY_SCHEMA_VERSION = 2
 
@@ -127,9 +123,9 @@ def build_summary(analysis: RunAnalysis) -> dict[str, Any]:
         "reference_arm": REFERENCE_ARM,
         "arms": list(analysis.arms),
         "seed": analysis.seed,
-        "bootstrap_resamples": BOOTSTRAP_RESAMPLES,
+        "bootstrap_resamples": RESAMPLES,
         "confidence": CONFIDENCE,
-        "min_blocks_for_interval": MIN_BLOCKS_FOR_INTERVAL,
+        "min_blocks_for_interval": MIN_UNITS_FOR_INTERVAL,
         "regimes": regimes,
         "pooled": _comparison(analysis, pooled) if pooled else None,
         "sensitivity": {

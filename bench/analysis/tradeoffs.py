@@ -8,7 +8,7 @@ own seeded stream (`comparison_rng`). Token totals are whole continuations (ever
 request of the attempt), not equal-turn pairs: the second paper's point is that a policy changes
 the trajectory, so its token cost is the trajectory's ("trajectory amplification"). Success is
 the task's local validation; its paired change is the mean over blocks of (arm - clean) in
-percentage points, with a percentile bootstrap interval over blocks.
+percentage points, with a percentile bootstrap interval over blocks (`common.resampling`).
 """
 
 from __future__ import annotations
@@ -22,15 +22,9 @@ import numpy as np
 
 from compaction_bench.bench.analysis.paired import BlockStatus, comparison_rng
 from compaction_bench.bench.analysis.runfolder import REFERENCE_ARM, ArmRecord, RunRecords
-from compaction_bench.bench.analysis.stats import (
-    BOOTSTRAP_RESAMPLES,
-    CONFIDENCE,
-    MIN_BLOCKS_FOR_INTERVAL,
-    PairedChange,
-    median_or_none,
-    paired_change,
-)
+from compaction_bench.bench.analysis.stats import PairedChange, median_or_none, paired_change
 from compaction_bench.common.files import read_jsonl
+from compaction_bench.common.resampling import bootstrap_interval
 from compaction_bench.transport.client import RequestRecord
 
 LEDGER_FILE = "ledger.jsonl"
@@ -137,18 +131,15 @@ def _continuation(record: ArmRecord, requests: list[RequestRecord],
 
 def success_change(arm: Sequence[bool], clean: Sequence[bool],
                    rng: np.random.Generator) -> SuccessChange:
-    """Paired success (module docstring); no interval below MIN_BLOCKS_FOR_INTERVAL blocks."""
+    """Paired success (module docstring); no interval below MIN_UNITS_FOR_INTERVAL blocks."""
     a = np.asarray(arm, dtype=float)
     c = np.asarray(clean, dtype=float)
     n = int(a.size)
     if n == 0:
         return SuccessChange(0, 0, 0, None, None, None)
     diff = 100.0 * (a - c)
-    low = high = None
-    if n >= MIN_BLOCKS_FOR_INTERVAL:
-        means = diff[rng.integers(0, n, size=(BOOTSTRAP_RESAMPLES, n))].mean(axis=1)
-        tail = 100.0 * (1.0 - CONFIDENCE) / 2.0
-        low, high = (float(v) for v in np.percentile(means, [tail, 100.0 - tail]))
+    found = bootstrap_interval(diff, rng, "mean")
+    low, high = found if found is not None else (None, None)
     return SuccessChange(n, int(a.sum()), int(c.sum()), float(diff.mean()), low, high)
 
 

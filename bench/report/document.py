@@ -10,6 +10,8 @@ import base64
 import html
 from dataclasses import dataclass, field
 
+from compaction_bench.common import markdown
+
 
 @dataclass(frozen=True)
 class Paragraph:
@@ -59,10 +61,6 @@ class Document:
         return [p for s in self.sections for p in s.parts if isinstance(p, Image)]
 
 
-def _md_cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", "<br>")
-
-
 def to_markdown(document: Document, plots_dir: str = "plots") -> str:
     out = [f"# {document.title}", ""]
     for section in document.sections:
@@ -75,10 +73,7 @@ def to_markdown(document: Document, plots_dir: str = "plots") -> str:
             elif isinstance(part, Table):
                 if part.caption:
                     out += [part.caption, ""]
-                out.append("| " + " | ".join(_md_cell(h) for h in part.header) + " |")
-                out.append("|" + "|".join("---" for _ in part.header) + "|")
-                out += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in part.rows]
-                out.append("")
+                out += [*markdown.table(part.header, part.rows), ""]
             else:
                 out += [f"![{part.caption}]({plots_dir}/{part.name})", "", f"*{part.caption}*", ""]
     return "\n".join(out)

@@ -15,7 +15,7 @@ from matplotlib.figure import Figure
 
 from compaction_bench.bench.analysis.latency import regime_spans
 from compaction_bench.bench.analysis.paired import POOLED, Comparison, RunAnalysis
-from compaction_bench.bench.analysis.stats import MIN_BLOCKS_FOR_INTERVAL
+from compaction_bench.common.resampling import MIN_UNITS_FOR_INTERVAL
 
 SHORTER = "#1f77b4"   # blue: the arm finished sooner than clean in that block
 LONGER = "#ff7f0e"    # orange: later or equal, as in the study's Figure 2
@@ -71,7 +71,7 @@ def paired_dots(analysis: RunAnalysis, *, sensitivity: bool = False) -> bytes | 
                 ax.scatter([x + 0.32], [change.median_pct], marker="D", s=46, color="black",
                            zorder=4)
                 note = f"{change.median_pct:+.1f}%"
-                if change.n < MIN_BLOCKS_FOR_INTERVAL:
+                if change.n < MIN_UNITS_FOR_INTERVAL:
                     note += "\nno CI"
                 ax.annotate(note, (x + 0.46, change.median_pct), fontsize=8, va="center",
                             bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none",
@@ -123,7 +123,8 @@ def latency_cdfs(analysis: RunAnalysis) -> bytes | None:
             ax.set_xlabel(name, fontsize=9)
             ax.set_ylim(0, 1.02)
             ax.grid(color="#eeeeee")
-            ax.legend(fontsize=7, loc="lower right")
+            if ax.get_legend_handles_labels()[0]:  # no line where no request got that far
+                ax.legend(fontsize=7, loc="lower right")
         axes[0][col].set_ylabel("share of requests")
         axes[1][col].set_ylabel("share of requests")
     figure.tight_layout()

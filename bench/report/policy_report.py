@@ -10,7 +10,7 @@ from typing import Any
 
 from compaction_bench.bench.analysis.cachebreak import ArmCache, CacheAccounting, cache_accounting
 from compaction_bench.bench.analysis.paired import RunAnalysis
-from compaction_bench.bench.analysis.stats import MIN_BLOCKS_FOR_INTERVAL, PairedChange
+from compaction_bench.bench.analysis.stats import PairedChange
 from compaction_bench.bench.analysis.tradeoffs import (
     PolicyComparison,
     PolicyRow,
@@ -19,6 +19,7 @@ from compaction_bench.bench.analysis.tradeoffs import (
 )
 from compaction_bench.bench.report.document import Bullets, Image, Paragraph, Section, Table
 from compaction_bench.bench.report.pareto import pareto_figure
+from compaction_bench.common.resampling import MIN_UNITS_FOR_INTERVAL
 
 LISTED = 40  # disagreeing requests listed by id in the report (all of them in summary.json)
 
@@ -42,7 +43,7 @@ def _change(change: PairedChange, *, digits: int = 0) -> str:
               if change.arm_median is not None and change.reference_median is not None else "")
     median = "n/a" if change.median_pct is None else f"{change.median_pct:+.1f}%"
     if change.ci_low_pct is None or change.ci_high_pct is None:
-        return f"{values}{median} (n={change.n}, no interval below {MIN_BLOCKS_FOR_INTERVAL})"
+        return f"{values}{median} (n={change.n}, no interval below {MIN_UNITS_FOR_INTERVAL})"
     return f"{values}{median} [{change.ci_low_pct:+.1f}, {change.ci_high_pct:+.1f}] (n={change.n})"
 
 

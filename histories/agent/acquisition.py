@@ -3,6 +3,7 @@ clean history with its provenance."""
 
 from __future__ import annotations
 
+import contextlib
 import platform
 import time
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from compaction_bench.histories.agent.episode import open_episode
 from compaction_bench.histories.agent.loop import FORKED, HistoryAgent
 from compaction_bench.histories.format.history import Fork, History
 from compaction_bench.histories.tasks.task import Task
-from compaction_bench.serve.launcher import server_version
+from compaction_bench.serve.endpoints import server_version
 
 
 class AcquisitionError(SuiteError):
@@ -36,9 +37,9 @@ def acquire(task: Task, config: ChatModelConfig, *, fork_turn: int | None = None
     record the pending result every arm receives after the fork."""
     task.check_runnable()
     turn = fork_turn or task.spec.fork_turn
-    with open_episode(task, config, fork_turn=fork_turn, to_fork=True) as episode:
+    with open_episode(task, config, fork_turn=fork_turn, to_fork=True) as episode, \
+            contextlib.closing(ChatModel(episode.config)) as model:  # closes its kept-alive socket
         config = episode.config
-        model = ChatModel(config)
         fork_at = episode.fork_at
         agent = HistoryAgent(model, episode.env, fork_turn=turn, fork_at=fork_at,
                              **episode.settings)

@@ -21,8 +21,8 @@ from compaction_bench.common.errors import SuiteError
 from compaction_bench.common.net import api_url
 from compaction_bench.histories.agent.chat import ChatModel, ChatModelConfig
 from compaction_bench.histories.agent.continuation import pending_observation
-from compaction_bench.histories.agent.tokenizer import Tokenizer
 from compaction_bench.histories.format.history import History
+from compaction_bench.serve.endpoints import ServerEndpoints
 from compaction_bench.transport.prefixhash import common_prefix
 
 
@@ -74,12 +74,12 @@ def audit(history: History, url: str, *, model: str = "target",
     request_a = wire.api_messages(history.messages[:fork])
     request_b = wire.api_messages([*history.messages[: fork + 1], pending_observation(history)])
     tools = (history.tools or [BASH_TOOL]) if history.action_protocol == "tool_calls" else None
-    with Tokenizer(url, model, api_key=api_key) as tokenizer:
-        tokens_a = tokenizer.chat(request_a, tools)
-        tokens_b = tokenizer.chat(request_b, tools)
+    with ServerEndpoints(url, api_key=api_key, timeout_s=120.0) as server:
+        tokens_a = server.tokenize_chat(model, request_a, tools)
+        tokens_b = server.tokenize_chat(model, request_b, tools)
         common = common_prefix(tokens_a, tokens_b)
-        text_b = tokenizer.detokenize(tokens_b)
-        divergence = tokenizer.detokenize(tokens_b[common : common + 12])
+        text_b = server.detokenize(model, tokens_b)
+        divergence = server.detokenize(model, tokens_b[common : common + 12])
     blocks = [text for index, text in history.reasoning_blocks() if index <= fork]
     rendered = _norm(text_b)
     kept = [_norm(text)[:200] in rendered for text in blocks if _norm(text)]

@@ -33,7 +33,6 @@ from compaction_bench.common.timing import Clock, monotonic
 from compaction_bench.histories.agent.chat import ChatModel, ChatModelConfig, TransportError
 from compaction_bench.histories.agent.episode import episode_config, open_episode
 from compaction_bench.histories.agent.loop import HistoryAgent
-from compaction_bench.histories.agent.tokenizer import Tokenizer, TokenizerError
 from compaction_bench.histories.agent.workspace import Validation
 from compaction_bench.histories.format.history import History, HistoryError, message_action
 from compaction_bench.histories.format.invariant import (
@@ -44,6 +43,7 @@ from compaction_bench.histories.format.invariant import (
 from compaction_bench.histories.format.reasoning import block_text, thought_label
 from compaction_bench.histories.policies.base import HistoryPolicy
 from compaction_bench.histories.tasks.task import Task
+from compaction_bench.serve.endpoints import EndpointError, ServerEndpoints
 from compaction_bench.transport.client import PreparedRequest, RequestRecord, prepare
 
 WALL_LIMIT = "the arm's wall-time limit passed"
@@ -167,9 +167,10 @@ def _reasoning_tokens(result_messages: list[dict[str, Any]], start: int,
     texts = [block_text(m, config.reasoning_mode, config.protocol)
              for m in result_messages[start:] if m.get("role") == "assistant"]
     try:
-        with Tokenizer(config.api_url, config.model_name, api_key=config.api_key) as tokenizer:
-            return sum(tokenizer.count(thought_label(t)[1]) for t in texts), "tokenizer"
-    except TokenizerError:
+        with ServerEndpoints(config.api_url, api_key=config.api_key, timeout_s=120.0) as server:
+            return sum(server.count_tokens(config.model_name, thought_label(t)[1])
+                       for t in texts), "tokenizer"
+    except EndpointError:
         return None, None
 
 

@@ -29,7 +29,6 @@ import os
 import resource
 import select
 import shutil
-import signal
 import subprocess
 import time
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from compaction_bench.common.errors import SuiteError
 from compaction_bench.common.paths import repo_root, results_dir, run_state_dir
+from compaction_bench.common.processtree import stop_tree
 
 Level = Literal["bwrap", "unshare", "none"]
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -260,13 +260,15 @@ class Sandbox:
             if total > limits.output_kill_bytes:
                 flooded = True
                 break
+        # Past its limits there is nothing to save: the command's process group goes at once,
+        # and with bwrap or unshare its PID namespace with it (its init dies), so nothing it
+        # started survives.
         if timed_out or flooded:
-            _kill_tree(proc)
+            stop_tree(proc, grace_s=0)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=10)
         if proc.poll() is None:
-            _kill_tree(proc)
-            proc.wait()
+            stop_tree(proc, grace_s=0)
         proc.stdout.close()
         text = kept.decode("utf-8", "replace")
         truncated = len(text) > limits.output_cap_chars or total > len(kept)
@@ -279,15 +281,6 @@ class Sandbox:
 def _readable(fd: int) -> bool:
     ready, _, _ = select.select([fd], [], [], 0)
     return bool(ready)
-
-
-def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
-    """Kill the command's process group; with bwrap or unshare its PID namespace goes with it
-    (its init dies), so nothing it started survives."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(ProcessLookupError):
-        proc.kill()
 
 
 def _own_processes() -> int:

@@ -1,15 +1,17 @@
-"""Arms from a clean history: `external` and `self` (or any named compressor) at the fork.
+"""Compaction at the fork: the `external` and `self` arms (or any named compressor, and their
+`-every-<n>` cadences) built from a clean history. The arm file itself is written by the one
+arm-file writer (`histories.policies.armfile.write_arm_files`), in which compaction is one more
+policy; this module is what that writer calls for a compaction arm (`compaction_fork`).
 
 Timing, as the study's outcome-blind protocol has it: every block is rewritten after its action
-was requested and before that action's result exists for the compressor. Writing arms from a
+was requested and before that action's result exists for the compressor. Building arms from a
 saved clean history keeps that, because a rewrite's input is the block and its action name
 only: the compressor never receives an observation, the pending result or any later turn, so the
 record is what it would have been had it been made in the agent loop at that moment (the cache,
 shared with acquisition and continuation, makes them literally the same record).
 
-An arm is written (`<arm>.json` beside `clean.json`) only when every block settled (no
-compressor failure), its first postfork request passes the reasoning-only invariant and the gate
-lets it through. Otherwise the old file, if any, stays as it was; the ledger and the cache keep
+A compaction arm's problems, besides the writer's reasoning-only invariant: a block the
+compressor failed on, and a block the fidelity gate turns away. The ledger and the cache keep
 every block that did settle, so a rerun only redoes the failures.
 """
 
@@ -17,12 +19,11 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from compaction_bench.common.timing import Clock, monotonic
-from compaction_bench.histories.agent.continuation import check_reasoning_only
 from compaction_bench.histories.compaction.compactor import (
     CompactionCache,
     CompactionResult,
@@ -39,8 +40,10 @@ from compaction_bench.histories.compaction.judge import (
 )
 from compaction_bench.histories.compaction.ledger import OUTCOMES, Ledger
 from compaction_bench.histories.compaction.lexical import lexical_diagnostics
-from compaction_bench.histories.format.history import History, load_history, save_history
-from compaction_bench.histories.format.invariant import InvariantError, InvariantReport
+from compaction_bench.histories.format.history import History
+
+if TYPE_CHECKING:
+    from compaction_bench.histories.policies.armfile import ArmFileResult
 
 SEED_ARMS = ("external", "self")
 TIMING_NOTE = ("at the fork: each block rewritten from (block, requested action name) only, "
@@ -50,21 +53,6 @@ TIMING_NOTE = ("at the fork: each block rewritten from (block, requested action 
 def compaction_dir(clean_path: str | Path) -> Path:
     """Where a task's rewrite cache and ledger live: `<task>/compaction/` beside clean.json."""
     return Path(clean_path).parent / "compaction"
-
-
-@dataclass(frozen=True)
-class ArmResult:
-    """One arm of one task. `written` is False when `problems` kept the arm file from being
-    (re)written; `history` is the compacted history either way (None if it could not be built)."""
-
-    arm: str
-    path: Path
-    written: bool
-    history: History | None
-    blocks: list[dict[str, Any]]
-    problems: list[str]
-    invariant: InvariantReport | None = None
-    totals: dict[str, Any] = field(default_factory=dict)
 
 
 def totals(results: list[CompactionResult]) -> dict[str, Any]:
@@ -136,51 +124,42 @@ def compact_history(clean: History, compactor: Compactor, arm: str, *,
     return history, blocks, results
 
 
-def make_arm(clean: History, arm: str, config: CompressorConfig, *, path: Path,
-             cache: CompactionCache, ledger: Ledger, judge: JudgeConfig | None = None,
-             gate: Gate = "off", clock: Clock = monotonic, every: int = 1) -> ArmResult:
-    """Build one arm, check it, and write it to `path` only if it passes everything."""
+def compaction_fork(clean: History, arm: str, config: CompressorConfig, *,
+                    cache: CompactionCache, ledger: Ledger, judge: JudgeConfig | None = None,
+                    gate: Gate = "off", clock: Clock = monotonic, every: int = 1
+                    ) -> tuple[History, list[dict[str, Any]], list[str]]:
+    """The compaction arm `arm` of `clean` at the fork: (history, per-block provenance entries,
+    problems: compressor failures and blocks the gate turns away)."""
     compactor = Compactor(config, cache=cache, ledger=ledger, clock=clock)
-    history, blocks, results = compact_history(clean, compactor, arm, judge=judge, clock=clock,
-                                               every=every)
+    history, blocks, _ = compact_history(clean, compactor, arm, judge=judge, clock=clock,
+                                         every=every)
     problems = [f"message {b['message_index']}: compressor failed: {b['error']}"
                 for b in blocks if b["outcome"] == "failed"]
-    report = None
-    try:
-        report = check_reasoning_only(clean, history)
-    except InvariantError as exc:
-        problems.append(str(exc))
     problems += gate_failures(blocks, gate)
-    if report is not None:
-        history.provenance["compaction"]["invariant"] = report.to_json()
-        history.provenance["compaction"]["gate"] = gate
-    if not problems:
-        save_history(history, path)
-    return ArmResult(arm=arm, path=path, written=not problems, history=history, blocks=blocks,
-                     problems=problems, invariant=report, totals=totals(results))
+    history.provenance["compaction"]["gate"] = gate
+    return history, blocks, problems
 
 
 def write_arms(clean_path: str | Path, compressors: Mapping[str, CompressorConfig], *,
                cache_path: str | Path | None = None, ledger_path: str | Path | None = None,
                judge: JudgeConfig | None = None, gate: Gate = "off",
                clock: Clock = monotonic, cadence: Mapping[str, int] | None = None
-               ) -> list[ArmResult]:
-    """Write `<arm>.json` beside `clean_path` for each (arm name, compressor), e.g.
-    `{"external": external_compressor(url), "self": self_compressor(target_url)}`;
-    `cadence` gives an arm's compaction interval in turns (`{"self-every-3": 3}`), default 1.
+               ) -> list[ArmFileResult]:
+    """Temporary, while histories/cli.py and tests/bench/run/test_arm_policies.py call it:
+    `write_arm_files` for compaction arms given as {arm name: its compressor's config}. The
+    cadence is the name's (`self-every-3`); `cadence`, where given, must agree with it."""
+    from compaction_bench.histories.policies.armfile import write_arm_files
+    from compaction_bench.histories.policies.registry import parse_arm
 
-    The cache (`compaction/cache.jsonl`) and ledger (`compaction/ledger.jsonl`) default to the
-    task's folder, so acquisition, arm writing and continuation share them. `clean_path` is
-    never written.
-    """
-    clean_path = Path(clean_path)
-    clean = load_history(clean_path)
-    if clean.arm != "clean":
-        raise ValueError(f"{clean_path}: arms are made from the clean arm, this is "
-                         f"{clean.arm!r}")
-    cache = CompactionCache(cache_path or compaction_dir(clean_path) / "cache.jsonl")
-    ledger = Ledger(ledger_path or compaction_dir(clean_path) / "ledger.jsonl")
-    return [make_arm(clean, arm, config, path=clean_path.parent / f"{arm}.json", cache=cache,
-                     ledger=ledger, judge=judge, gate=gate, clock=clock,
-                     every=(cadence or {}).get(arm, 1))
-            for arm, config in compressors.items()]
+    out = []
+    for arm, config in compressors.items():
+        spec = parse_arm(arm)
+        if spec.kind != "compaction" or spec.compressor is None:
+            raise ValueError(f"arm {arm} is not a compaction arm")
+        if (cadence or {}).get(arm, spec.every) != spec.every:
+            raise ValueError(f"arm {arm}: cadence {(cadence or {})[arm]} disagrees with its "
+                             f"name (every {spec.every} turns)")
+        out += write_arm_files(clean_path, [arm], compressors={spec.compressor: config},
+                               cache_path=cache_path, ledger_path=ledger_path, judge=judge,
+                               gate=gate, clock=clock)
+    return out

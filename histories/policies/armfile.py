@@ -1,22 +1,37 @@
-"""Arm files of the second paper's policies, written by `make histories` beside `clean.json`.
+"""Arm files: each arm's history at the fork, written by `make histories` beside `clean.json`
+by one writer (`write_arm_files`), in which compaction is one more policy.
 
-An arm file holds the history as the arm's policy would have sent it at the fork: the policy is
-run online over the clean history up to and including the fork's turn (each step decided once,
-conditioned on the steps before it as already edited), exactly as before the first postfork
-request. The steps it decided are recorded as `settled`, so the continuation never decides them
-again; keep-latest leaves the fork's own turn (the latest) undecided, for the continuation.
+An arm file holds the history as the arm's policy would have sent it at the fork, built by the
+arm's kind:
+- compaction (`external`, `self`, `<compressor>-every-<n>`): every reasoning block up to the
+  fork rewritten once by the compressor (`histories.compaction.arms.compaction_fork`); the
+  provenance goes under `extra.provenance.compaction`, whose `totals` the bench charges to the
+  arm as its one-time fork rewrite (bench/run/arm.py, `fork_rewrite_cost`);
+- the second paper's policies (`entropy`, `step-entropy`, `delete-all-thinking`,
+  `keep-latest`, `random-<r>`): the policy run online over the clean history up to and including
+  the fork's turn (each step decided once, conditioned on the steps before it as already edited),
+  exactly as before the first postfork request (`policy_fork`). The steps it decided are
+  recorded as `settled`, so the continuation never decides them again; keep-latest leaves the
+  fork's own turn (the latest) undecided, for the continuation. The provenance
+  (`extra.provenance.policy`) records the rule, the scorer (model, device, limit, entropy
+  implementation) or tokenizer, the seed, every decision (the ledger lines) and their totals;
+  the bench charges the fork-time scorer seconds to the arm as its fork rewrite
+  (`policy_fork_cost`), like a compressor's.
+`clean` and `placebo` (clean's own file) and the replay-only `external-history` (the external
+arm's file) need no file of their own and are skipped.
 
-Provenance (`extra.provenance.policy`) records the rule, the scorer (model, device, limit,
-entropy implementation) or tokenizer, the seed, every decision (the ledger lines) and their
-totals; the bench charges the fork-time scorer seconds to the arm as its fork-prefix rewrite
-(`fork_rewrite_s`), like a compressor's. A file is written only when no decision failed and its
-first postfork request differs from clean's only in assistant reasoning.
+Whatever the kind, a file is written only when the arm's own problems are none (no compressor
+or rule failure, no block the gate turns away) and its first postfork request differs from
+clean's only in assistant reasoning; the invariant's report is kept in the provenance. Otherwise
+the old file, if any, stays as it was. Decisions and rewrites go to the task's ledger and
+rewrite cache (`compaction/ledger.jsonl`, `compaction/cache.jsonl`), shared with acquisition
+and continuation.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +39,9 @@ from typing import Any
 from compaction_bench.common.errors import SuiteError
 from compaction_bench.common.timing import Clock, monotonic
 from compaction_bench.histories.agent.continuation import check_reasoning_only, pending_observation
+from compaction_bench.histories.compaction.arms import compaction_dir, compaction_fork
+from compaction_bench.histories.compaction.compactor import CompactionCache, CompressorConfig
+from compaction_bench.histories.compaction.judge import Gate, JudgeConfig
 from compaction_bench.histories.compaction.ledger import Ledger
 from compaction_bench.histories.format.history import History, load_history, save_history
 from compaction_bench.histories.format.invariant import InvariantError, InvariantReport
@@ -37,12 +55,15 @@ TIMING_NOTE = ("online at the fork: each step decided once, before the request a
 
 
 class PolicyArmError(SuiteError):
-    """An arm file cannot serve its policy (written by something else, or without a scorer)."""
+    """An arm file cannot be written or serve its policy (no compressor or scorer for it, not
+    made from clean, written by something else)."""
 
 
 @dataclass(frozen=True)
-class PolicyArmResult:
-    """One arm of one task; `written` is False when `problems` kept the file from being written."""
+class ArmFileResult:
+    """One arm of one task; `written` is False when `problems` kept the file from being
+    (re)written. `history` is the arm's history either way; `blocks` the per-block provenance
+    of a compaction arm (empty for the other policies); `totals` its provenance's totals."""
 
     arm: str
     path: Path
@@ -51,12 +72,78 @@ class PolicyArmResult:
     problems: list[str]
     invariant: InvariantReport | None = None
     totals: dict[str, Any] = field(default_factory=dict)
+    blocks: list[dict[str, Any]] = field(default_factory=list)
 
 
-def make_policy_arm(clean: History, spec: ArmSpec, scorer: ScorerConfig, *, path: Path,
-                    ledger: Ledger | None = None, seed: int = 0,
-                    clock: Clock = monotonic) -> PolicyArmResult:
-    """Build one second-paper arm from `clean`, check it, write it to `path` if it passes."""
+def write_arm_files(clean_path: str | Path, arms: Sequence[str], *,
+                    compressors: Mapping[str, CompressorConfig] | None = None,
+                    scorer: ScorerConfig | None = None, judge: JudgeConfig | None = None,
+                    gate: Gate = "off", seed: int = 0, cache_path: str | Path | None = None,
+                    ledger_path: str | Path | None = None,
+                    clock: Clock = monotonic) -> list[ArmFileResult]:
+    """Write `<arm>.json` beside `clean_path` for each arm name of `arms` (module docstring).
+
+    `compressors` by compressor name (`{"external": ..., "self": ...}`) serve the compaction
+    arms, `judge` and `gate` their fidelity check; `scorer` (its model also tokenizes) serves the
+    second paper's arms, `seed` their random-r. The cache and ledger default to the task's
+    `compaction/` folder. `clean_path` is never written.
+    """
+    clean_path = Path(clean_path)
+    clean = load_history(clean_path)
+    if clean.arm != "clean":
+        raise PolicyArmError(f"{clean_path}: arms are made from the clean arm, this is "
+                             f"{clean.arm!r}")
+    cache = CompactionCache(cache_path or compaction_dir(clean_path) / "cache.jsonl")
+    ledger = Ledger(ledger_path or compaction_dir(clean_path) / "ledger.jsonl")
+    out = []
+    for name in arms:
+        spec = parse_arm(name)
+        blocks: list[dict[str, Any]] = []
+        if spec.kind == "compaction":
+            config = (compressors or {}).get(str(spec.compressor))
+            if config is None:
+                raise PolicyArmError(f"arm {name}: no compressor '{spec.compressor}' given; "
+                                     f"known: {', '.join(sorted(compressors or {})) or 'none'}")
+            history, blocks, problems = compaction_fork(
+                clean, name, config, cache=cache, ledger=ledger, judge=judge, gate=gate,
+                clock=clock, every=spec.every)
+            key = "compaction"
+        elif spec.stepwise:
+            if scorer is None:
+                raise PolicyArmError(f"arm {name}: its policy needs a scorer config (the proxy "
+                                     "model that scores or tokenizes); none was given")
+            history, problems = policy_fork(clean, spec, scorer, ledger=ledger, seed=seed,
+                                            clock=clock)
+            key = "policy"
+        else:
+            continue  # no file of its own (module docstring)
+        out.append(_check_and_write(clean, history, key, problems, blocks,
+                                    clean_path.parent / f"{name}.json"))
+    return out
+
+
+def _check_and_write(clean: History, history: History, key: str, problems: list[str],
+                     blocks: list[dict[str, Any]], path: Path) -> ArmFileResult:
+    """The writer's part for every kind: the reasoning-only invariant, then the file if the arm
+    has no problem at all."""
+    problems = list(problems)
+    report = None
+    try:
+        report = check_reasoning_only(clean, history)
+        history.provenance[key]["invariant"] = report.to_json()
+    except InvariantError as exc:
+        problems.append(str(exc))
+    if not problems:
+        save_history(history, path)
+    return ArmFileResult(arm=history.arm, path=path, written=not problems, history=history,
+                         problems=problems, invariant=report,
+                         totals=history.provenance[key].get("totals") or {}, blocks=blocks)
+
+
+def policy_fork(clean: History, spec: ArmSpec, scorer: ScorerConfig, *,
+                ledger: Ledger | None = None, seed: int = 0,
+                clock: Clock = monotonic) -> tuple[History, list[str]]:
+    """A second-paper arm of `clean` at the fork: (history, problems: failed decisions)."""
     if clean.fork is None or clean.fork.pending_result is None:
         raise PolicyArmError(f"task {clean.task}: the clean history has no fork with a pending "
                              "result; acquire it first (`make histories`)")
@@ -83,47 +170,28 @@ def make_policy_arm(clean: History, spec: ArmSpec, scorer: ScorerConfig, *, path
         source=copy.deepcopy(clean.source), tools=copy.deepcopy(clean.tools), continuation=[])
     problems = [f"message {e.message_index}: {e.error}" for e in policy.edits
                 if e.outcome == "failed"]
-    report = None
-    try:
-        report = check_reasoning_only(clean, history)
-        history.provenance["policy"]["invariant"] = report.to_json()
-    except InvariantError as exc:
-        problems.append(str(exc))
-    if not problems:
-        save_history(history, path)
-    return PolicyArmResult(arm=spec.name, path=path, written=not problems, history=history,
-                           problems=problems, invariant=report,
-                           totals=history.provenance["policy"]["totals"])
+    return history, problems
 
 
 def write_policy_arms(clean_path: str | Path, arms: Sequence[str], scorer: ScorerConfig, *,
                       ledger_path: str | Path | None = None, seed: int = 0,
-                      clock: Clock = monotonic) -> list[PolicyArmResult]:
-    """Write `<arm>.json` beside `clean_path` for each second-paper arm in `arms`; decisions
-    go to the task's ledger (`compaction/ledger.jsonl`, shared with compaction)."""
-    clean_path = Path(clean_path)
-    clean = load_history(clean_path)
-    if clean.arm != "clean":
-        raise PolicyArmError(f"{clean_path}: arms are made from the clean arm, this is "
-                             f"{clean.arm!r}")
-    ledger = Ledger(ledger_path or clean_path.parent / "compaction" / "ledger.jsonl")
-    out = []
+                      clock: Clock = monotonic) -> list[ArmFileResult]:
+    """Temporary, while histories/cli.py and tests/bench/run/test_arm_policies.py call it:
+    `write_arm_files` for second-paper arms only."""
     for name in arms:
-        spec = parse_arm(name)
-        if not spec.stepwise:
+        if not parse_arm(name).stepwise:
             raise PolicyArmError(f"arm {name} is not a second-paper policy (its file is written "
                                  "by compaction or is clean itself)")
-        out.append(make_policy_arm(clean, spec, scorer, path=clean_path.parent / f"{name}.json",
-                                   ledger=ledger, seed=seed, clock=clock))
-    return out
+    return write_arm_files(clean_path, arms, scorer=scorer, ledger_path=ledger_path, seed=seed,
+                           clock=clock)
 
 
 def _policy(history: History, origin: str) -> dict[str, Any]:
     found = history.provenance.get("policy")
     if not isinstance(found, dict) or found.get("arm") != history.arm:
         raise PolicyArmError(f"{origin}: arm {history.arm} has no policy provenance (not "
-                             "written by `make histories`); write it with `python -m "
-                             f"histories.cli arms --arms {history.arm}`")
+                             "written by `make histories`); write it with `compaction-bench "
+                             f"histories arms --arms {history.arm}`")
     return found
 
 

@@ -80,6 +80,7 @@ def _append(path: str, worker: int) -> None:
             writer.write({"worker": worker, "i": i, "pad": "x" * 3000})
 
 
+@pytest.mark.e2e
 def test_processes_appending_to_one_file_never_interleave(tmp_path: Path) -> None:
     path = tmp_path / "requests.jsonl"
     procs = [multiprocessing.get_context("spawn").Process(target=_append, args=(str(path), w))

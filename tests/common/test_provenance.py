@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from compaction_bench.common.provenance import git_commit, host_facts, package_versions
 
 
+@pytest.mark.e2e
 def test_git_commit_of_this_checkout() -> None:
     commit = git_commit()
     assert re.fullmatch(r"[0-9a-f]{40}", commit["commit"] or "")

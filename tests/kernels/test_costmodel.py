@@ -19,6 +19,8 @@ from compaction_bench.kernels.resultfile import (
 )
 from compaction_bench.kernels.shapes import shape_for_profile
 
+pytestmark = pytest.mark.e2e
+
 A, B, C = 0.05, 6e-4, 4e-8
 S0, S1, S2 = 0.04, 2e-3, 1.5e-6
 

@@ -71,6 +71,7 @@ def test_chunking_changes_nothing_and_keeps_leading_dimensions() -> None:
     assert whole.shape == (2, 3, 5) and torch.equal(whole, one_row)
 
 
+@pytest.mark.e2e
 def test_large_vocabulary_never_holds_a_float32_copy_of_the_whole_input() -> None:
     """512 positions over a 262,144-token vocabulary: 256 MiB of bf16 logits, 512 MiB as
     float32. While the reference runs, the process's peak resident memory may grow by two
@@ -93,6 +94,7 @@ def test_large_vocabulary_never_holds_a_float32_copy_of_the_whole_input() -> Non
     assert 10.0 < mean < math.log(262144)
 
 
+@pytest.mark.e2e
 def test_fused_kernel_under_the_triton_interpreter() -> None:
     """The Triton kernel's arithmetic, run by Triton's interpreter on this CPU (no GPU
     needed): masked tokens, uniform rows, bf16 input, strided rows, several blocks per row."""

@@ -68,6 +68,7 @@ def test_fp8_on_a_cpu_is_recorded_as_unsupported_not_skipped() -> None:
     assert fp8 and all(m.status == "unsupported" and "CUDA" in (m.reason or "") for m in fp8)
 
 
+@pytest.mark.e2e
 def test_triton_bandwidth_kernels_under_the_interpreter() -> None:
     script = textwrap.dedent("""
         import torch

@@ -20,6 +20,8 @@ from compaction_bench.loadgen.fakeprocess import FakeProcess
 from compaction_bench.loadgen.metrics import MetricsSampler
 from compaction_bench.serve.launcher import Server
 
+pytestmark = pytest.mark.e2e
+
 # the fake server's per-request override keeps replayed turns (up to ~2400 tokens) short
 FAST = ReplayOptions(default_tool_gap_s=0.2, pace_tokens_per_s=2000,
                      extra_body={"fake": {"itl_ms": 0.5}})

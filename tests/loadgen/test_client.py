@@ -30,6 +30,7 @@ def _gaps(record: RequestRecord) -> list[float]:
     return [b - a for a, b in itertools.pairwise(record.chunk_times_s)]
 
 
+@pytest.mark.e2e
 def test_timing_matches_the_known_delays(fake: FakeProcess) -> None:
     client = StreamClient()
     records = [client.send(prepare(fake.api_url, {"model": "target", "messages": MESSAGES},
@@ -47,6 +48,7 @@ def test_timing_matches_the_known_delays(fake: FakeProcess) -> None:
         assert r.finish_reason == "length" and r.model == "target"
 
 
+@pytest.mark.e2e
 def test_concurrent_streams_in_threads(fake: FakeProcess) -> None:
     records: list[RequestRecord] = []
 
@@ -74,6 +76,7 @@ def test_connection_refused_is_an_error_record() -> None:
     assert r.end_s is not None and r.first_token_s is None
 
 
+@pytest.mark.e2e
 def test_a_host_name_resolves_per_connection(fake: FakeProcess) -> None:
     """`localhost` (a name, resolved for this connection) and 127.0.0.1 (a literal) both work."""
     url = fake.api_url.replace("127.0.0.1", "localhost")
@@ -82,6 +85,7 @@ def test_a_host_name_resolves_per_connection(fake: FakeProcess) -> None:
     assert got.status == "ok", got.error
 
 
+@pytest.mark.e2e
 def test_server_closing_mid_stream_is_an_error_without_retry(fake: FakeProcess) -> None:
     before = fake.stats()["requests"]
     r = send_once(fake.api_url, {"model": "target", "messages": MESSAGES,
@@ -92,6 +96,7 @@ def test_server_closing_mid_stream_is_an_error_without_retry(fake: FakeProcess) 
     assert fake.stats()["requests"] == before + 1  # sent once, never retried
 
 
+@pytest.mark.e2e
 def test_a_stalled_stream_is_cut_at_the_inactivity_deadline(fake: FakeProcess) -> None:
     client = StreamClient(read_timeout_s=0.5)
     r = client.send(prepare(fake.api_url, {"model": "target", "messages": MESSAGES, "fake": {
@@ -102,6 +107,7 @@ def test_a_stalled_stream_is_cut_at_the_inactivity_deadline(fake: FakeProcess) -
     assert r.end_s is not None and r.end_s - r.chunk_times_s[-1] < 2.0
 
 
+@pytest.mark.e2e
 def test_abort_from_another_thread_cuts_a_stalled_stream_at_once(fake: FakeProcess) -> None:
     client = StreamClient(read_timeout_s=60)
     timer = threading.Timer(0.5, abort_all, args=("Ctrl-C",))
@@ -117,6 +123,7 @@ def test_abort_from_another_thread_cuts_a_stalled_stream_at_once(fake: FakeProce
     assert client.abort("nothing in flight") is False
 
 
+@pytest.mark.e2e
 def test_http_error_status_is_recorded_once(fake: FakeProcess) -> None:
     before = fake.stats()["requests"]
     client = StreamClient()
@@ -130,6 +137,7 @@ def test_http_error_status_is_recorded_once(fake: FakeProcess) -> None:
     assert fake.stats()["requests"] == before + 1  # the injected failure is not counted
 
 
+@pytest.mark.e2e
 def test_non_streaming_request(fake: FakeProcess) -> None:
     r = send_once(fake.api_url, {"model": "target", "messages": MESSAGES, "stream": False,
                                  "max_tokens": 5}, request_id="whole").record
@@ -137,6 +145,7 @@ def test_non_streaming_request(fake: FakeProcess) -> None:
     assert r.end_s is not None and 0.25 <= r.end_s - r.sent_s <= 0.6
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("separator", ["\n\n", "\r\n\r\n", "\r\r"])
 def test_every_sse_event_separator_is_understood(fake: FakeProcess, separator: str) -> None:
     got = send_once(fake.api_url, {"model": "target", "messages": MESSAGES, "max_tokens": 4,
@@ -145,6 +154,7 @@ def test_every_sse_event_separator_is_understood(fake: FakeProcess, separator: s
     assert len(got.record.chunk_times_s) == 4 and got.content == "tok " * 4
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("event", ["1", "[1]", '{"choices":[1]}', '{"choices":{"a":1}}',
                                    '{"choices":[{"delta":5}]}', "not json"])
 def test_malformed_events_are_error_records_not_exceptions(fake: FakeProcess,
@@ -155,6 +165,7 @@ def test_malformed_events_are_error_records_not_exceptions(fake: FakeProcess,
     assert "ValueError" in got.error or "malformed" in got.error
 
 
+@pytest.mark.e2e
 def test_an_api_key_goes_out_as_a_bearer_header(fake: FakeProcess) -> None:
     fake.reset()
     send_once(fake.api_url, {"model": "target", "messages": MESSAGES, "max_tokens": 1},
@@ -162,6 +173,7 @@ def test_an_api_key_goes_out_as_a_bearer_header(fake: FakeProcess) -> None:
     assert fake.requests()[-1]["authorization"] == "Bearer s3cret"
 
 
+@pytest.mark.e2e
 def test_scripted_message_is_assembled(fake: FakeProcess) -> None:
     fake.reset()
     fake.script([{"reasoning": "think first", "content": "then answer",
@@ -175,6 +187,7 @@ def test_scripted_message_is_assembled(fake: FakeProcess) -> None:
     assert got.record.text_chars == len("think first") + len("then answer")
 
 
+@pytest.mark.e2e
 def test_record_shifts_to_the_run_clock_and_keeps_labels(fake: FakeProcess) -> None:
     r = send_once(fake.api_url, {"model": "target", "messages": MESSAGES, "max_tokens": 3},
                   request_id="rec").record

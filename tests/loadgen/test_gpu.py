@@ -16,8 +16,9 @@ def test_no_gpu_writes_one_line_and_samples_nothing(tmp_path: Path) -> None:
     nvml = types.ModuleType("nvml_stub")
     nvml.nvmlInit = missing  # type: ignore[attr-defined]
     path = tmp_path / "gpu.jsonl"
-    with GpuSampler(path, interval_s=0.01) as sampler:
+    with GpuSampler(path, interval_s=0.01, nvml=nvml) as sampler:
         assert not sampler.enabled and sampler.reason and "NVML" in sampler.reason
+        assert "Shared Library Not Found" in sampler.reason  # the library's own words
     rows = read_jsonl(path).objects
     assert len(rows) == 1 and rows[0]["telemetry"] == "off" and "reason" in rows[0]
 

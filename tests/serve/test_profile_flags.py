@@ -11,10 +11,17 @@ import io
 from typing import Any
 
 import pytest
-import vllm
 
 from compaction_bench.serve.command import ServerConfig, build_command
 from compaction_bench.serve.profile import known_profiles, load_profile
+
+pytestmark = pytest.mark.e2e
+
+
+def _vllm_version() -> str:
+    import vllm  # here, not at the top: importing vLLM costs seconds of every test collection
+
+    return str(vllm.__version__)
 
 
 @functools.cache
@@ -26,7 +33,7 @@ def _parser() -> Any:
                  "vllm.entrypoints.openai.cli_args"):
         with contextlib.suppress(ImportError, AttributeError):
             return importlib.import_module(name).make_arg_parser(FlexibleArgumentParser())
-    raise AssertionError(f"no make_arg_parser in vLLM {vllm.__version__}")
+    raise AssertionError(f"no make_arg_parser in vLLM {_vllm_version()}")
 
 
 def _variants() -> list[tuple[str, bool]]:
@@ -51,7 +58,7 @@ def test_installed_vllm_parses_every_profile_command(name: str, speculative: boo
         with contextlib.redirect_stderr(errors):
             args = _parser().parse_args(argv)
     except SystemExit:
-        pytest.fail(f"vLLM {vllm.__version__} refuses {name}: {errors.getvalue()[-400:]}")
+        pytest.fail(f"vLLM {_vllm_version()} refuses {name}: {errors.getvalue()[-400:]}")
     assert args.enable_prefix_caching is True and args.max_num_seqs == \
         profile.engine_args.max_num_seqs
     if profile.engine_args.prefix_cache_retention_interval is not None:

@@ -15,11 +15,11 @@ import pytest
 
 from compaction_bench.common.errors import ExitCode
 from compaction_bench.common.net import free_port
+from compaction_bench.common.processtree import stop_tree
 from compaction_bench.loadgen.fakeprocess import FakeConfig, FakeProcess
 from compaction_bench.serve.command import ServerConfig, build_command, build_env
 from compaction_bench.serve.launcher import Server
 from compaction_bench.serve.model import resolve_model
-from compaction_bench.serve.process import process_tree, terminate_group
 from compaction_bench.serve.profile import load_profile
 from compaction_bench.serve.selfcheck import SelfCheckError, run_selfcheck, selfcheck_plan
 
@@ -162,5 +162,5 @@ def test_real_server_with_prefix_caching_off_is_refused(tmp_path: Path) -> None:
         server = {c.name: c for c in err.value.report.checks}["server"]
         assert "prefix caching is off" in server.detail
     finally:
-        terminate_group(process.pid, process_tree(process.pid), 30, process)
+        stop_tree(process, grace_s=30)
         log.close()

@@ -17,9 +17,9 @@ from openai import NotFoundError, OpenAI
 
 from compaction_bench.common.net import free_port
 from compaction_bench.common.paths import repo_root
+from compaction_bench.common.processtree import group_members
 from compaction_bench.serve.errors import ServerStartError
 from compaction_bench.serve.launcher import Server, ServerConfig, start_server
-from compaction_bench.serve.process import group_members
 from compaction_bench.serve.profile import load_profile
 
 pytestmark = pytest.mark.integration
@@ -143,6 +143,7 @@ def test_foreground_serve_ctrl_c_stops_every_process(tmp_path: Path) -> None:
     assert len(tree) >= 3  # our CLI, the API server, vLLM's engine core
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=60) == 0
+    proc.stdout.close()
     _assert_gone(tree)
 
     started = subprocess.run(

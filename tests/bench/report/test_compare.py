@@ -32,6 +32,7 @@ def test_refuses_mismatched_arms(make_run: Callable[..., Path]) -> None:
     assert "arms differ: run-a=[clean, external, self], run-b=[clean, self]" in message
 
 
+@pytest.mark.e2e
 def test_refuses_mismatched_tasks_from_the_cli(make_run: Callable[..., Path],
                                               bench_cli: Any) -> None:
     a = make_run("run-a", blocks=3, serving=False)

@@ -7,6 +7,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from compaction_bench.bench.report.run_report import write_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -55,6 +57,7 @@ def test_report_is_deterministic_for_a_seed(make_run: Callable[..., Path]) -> No
     assert write_report(run, seed=5).summary.read_text() == first
 
 
+@pytest.mark.e2e
 def test_cli_report_prints_paths_and_fails_cleanly(make_run: Callable[..., Path],
                                                    tmp_path: Path, bench_cli: Any) -> None:
     run = make_run(blocks=3, serving=False)

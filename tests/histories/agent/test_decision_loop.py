@@ -93,6 +93,7 @@ def test_decision_tasks_are_known_and_runnable_by_id(task: Task) -> None:
         load_task("nope")
 
 
+@pytest.mark.e2e
 def test_tool_call_run_acquires_the_fork_and_continues_to_a_correct_answer(
         fake: FakeProcess, task: Task, tmp_path: Path) -> None:
     assert task.decision is not None
@@ -132,6 +133,7 @@ def test_tool_call_run_acquires_the_fork_and_continues_to_a_correct_answer(
     assert result.messages[-1]["extra"]["final_correct"] is True
 
 
+@pytest.mark.e2e
 def test_wrong_tools_get_deterministic_error_observations(fake: FakeProcess, task: Task) -> None:
     assert task.decision is not None
     late = task.decision.phases[3]
@@ -153,6 +155,7 @@ def test_wrong_tools_get_deterministic_error_observations(fake: FakeProcess, tas
     assert session.execute(late.name, late.expected_arguments) == observations[0]["content"]
 
 
+@pytest.mark.e2e
 def test_text_protocol_forces_a_json_call_or_final_line(fake: FakeProcess, task: Task) -> None:
     assert task.decision is not None
     fork = task.decision.fork_after
@@ -183,6 +186,7 @@ def test_text_protocol_forces_a_json_call_or_final_line(fake: FakeProcess, task:
     assert not result.validation.passed and "expected FINAL: E2" in result.validation.output
 
 
+@pytest.mark.e2e
 def test_a_bench_block_runs_a_decision_task(fake: FakeProcess, task: Task,
                                             tmp_path: Path) -> None:
     assert task.decision is not None

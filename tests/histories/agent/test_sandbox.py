@@ -3,6 +3,7 @@ real sandbox (bubblewrap here), from a tool command, from validation and from a 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -28,6 +29,8 @@ from compaction_bench.histories.agent.workspace import (
     WorkspaceError,
 )
 from compaction_bench.histories.tasks.task import load_task
+
+pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture
@@ -90,12 +93,20 @@ def test_no_network_not_even_the_hosts_loopback(workspace: Workspace) -> None:
     server.listen()
     port = server.getsockname()[1]
     accepted: list[socket.socket] = []
-    threading.Thread(target=lambda: accepted.append(server.accept()[0]), daemon=True).start()
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):  # the shutdown below ends a wait that got nothing
+            accepted.append(server.accept()[0])
+
+    waiter = threading.Thread(target=accept, daemon=True)
+    waiter.start()
     got = run(workspace, f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', "
                          f"{port}), timeout=3)\" && echo CONNECTED")
     time.sleep(0.2)
-    assert "CONNECTED" not in str(got["output"]) and not accepted
+    server.shutdown(socket.SHUT_RDWR)
+    waiter.join(5)
     server.close()
+    assert "CONNECTED" not in str(got["output"]) and not accepted
 
 
 def test_nothing_outlives_the_command(workspace: Workspace) -> None:

@@ -12,6 +12,7 @@ from compaction_bench.histories.agent.workspace import Workspace
 from compaction_bench.histories.tasks.task import TaskError, known_tasks, load_task, runnable_tasks
 
 
+@pytest.mark.e2e
 def test_shipped_tasks_load_and_repo_tasks_fail_before_a_fix() -> None:
     assert {"fix-median", "fix-slugify", "sphinx-doc__sphinx-10466"} <= set(known_tasks())
     assert set(runnable_tasks()) == {"fix-median", "fix-slugify"}
@@ -25,11 +26,13 @@ def test_unknown_task_lists_known_ones() -> None:
         load_task("nope")
 
 
+@pytest.mark.e2e
 def test_swebench_task_says_what_it_needs() -> None:
     with pytest.raises(TaskError, match="docker"):
         load_task("sphinx-doc__sphinx-10466").check_runnable()
 
 
+@pytest.mark.e2e
 def test_commands_run_in_a_private_copy_and_the_fix_validates() -> None:
     task = load_task("fix-median")
     original = (task.workspace / "stats_utils.py").read_text()
@@ -46,6 +49,7 @@ def test_commands_run_in_a_private_copy_and_the_fix_validates() -> None:
     assert not copy.exists()
 
 
+@pytest.mark.e2e
 def test_timeout_output_cap_and_no_leaked_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COMPBENCH_TEST_SECRET", "hunter2")
     with Workspace(load_task("fix-slugify")) as ws:

@@ -17,7 +17,7 @@ import pytest
 
 from compaction_bench.common.net import free_port
 from compaction_bench.common.paths import histories_root
-from compaction_bench.histories.compaction.arms import compaction_dir, write_arms
+from compaction_bench.histories.compaction.arms import compaction_dir
 from compaction_bench.histories.compaction.compactor import (
     CompactionCache,
     Compactor,
@@ -36,6 +36,7 @@ from compaction_bench.histories.compaction.judge import (
 from compaction_bench.histories.compaction.ledger import Ledger, read_ledger
 from compaction_bench.histories.compaction.prompts import load_prompt
 from compaction_bench.histories.format.history import Fork, History, load_history, save_history
+from compaction_bench.histories.policies.armfile import write_arm_files
 from compaction_bench.histories.policies.compacting import ContinuousCompaction, policy_for
 from compaction_bench.loadgen.fakeprocess import FakeConfig, FakeProcess
 
@@ -110,6 +111,7 @@ def text_history(thought: str = LONG) -> History:
 
 # --- the rules ---------------------------------------------------------------------------------
 
+@pytest.mark.e2e
 def test_block_of_at_most_twelve_words_stays_identical_without_a_request(
         fake: Fake) -> None:
     compactor = Compactor(self_compressor(fake.url))
@@ -122,6 +124,7 @@ def test_block_of_at_most_twelve_words_stays_identical_without_a_request(
     assert [e.outcome for e in compactor.ledger.entries] == ["identity-short", "rewritten"]
 
 
+@pytest.mark.e2e
 def test_draft_not_shorter_in_words_reverts_to_the_raw_block(fake: Fake) -> None:
     fake.queue(" ".join(["word"] * 26))  # as many words as LONG
     compactor = Compactor(self_compressor(fake.url))
@@ -131,6 +134,7 @@ def test_draft_not_shorter_in_words_reverts_to_the_raw_block(fake: Fake) -> None
     assert entry.outcome == "reverted-not-shorter" and entry.context["draft_words"] == 26
 
 
+@pytest.mark.e2e
 def test_rewrite_is_recorded_with_tokens_prompt_hash_and_cost(fake: Fake,
                                                               tmp_path: Path) -> None:
     fake.queue("```\nMedian even case wrong for 4 items; read stats.py.\n```")
@@ -149,6 +153,7 @@ def test_rewrite_is_recorded_with_tokens_prompt_hash_and_cost(fake: Fake,
     assert fake.requests[0]["temperature"] == 0.0 and fake.requests[0]["model"] == "compressor"
 
 
+@pytest.mark.e2e
 def test_cache_hits_on_the_same_raw_text_and_action_across_processes(fake: Fake,
                                                                      tmp_path: Path) -> None:
     cache_file = tmp_path / "cache.jsonl"
@@ -166,6 +171,7 @@ def test_cache_hits_on_the_same_raw_text_and_action_across_processes(fake: Fake,
     assert not other_prompt.compact(LONG, "bash").cache_hit
 
 
+@pytest.mark.e2e
 def test_empty_draft_raises_the_cap_and_three_drafts_is_the_limit(fake: Fake) -> None:
     fake.queue(*["", "", ""])
     compactor = Compactor(self_compressor(fake.url, max_tokens=100, max_tokens_limit=300))
@@ -174,6 +180,7 @@ def test_empty_draft_raises_the_cap_and_three_drafts_is_the_limit(fake: Fake) ->
     assert [r["max_tokens"] for r in fake.requests] == [100, 200, 300]
 
 
+@pytest.mark.e2e
 def test_truncated_draft_raises_the_cap_unless_already_not_shorter(fake: Fake) -> None:
     fake.queue(*[("length", "Median even case wrong"), "Median even case wrong; read."])
     got = Compactor(self_compressor(fake.url, max_tokens=100)).compact(LONG, "bash")
@@ -184,6 +191,7 @@ def test_truncated_draft_raises_the_cap_unless_already_not_shorter(fake: Fake) -
     assert got.outcome == "reverted-not-shorter" and len(fake.requests) == 3
 
 
+@pytest.mark.e2e
 def test_a_draft_echoing_the_prompt_is_garbage(fake: Fake) -> None:
     echo = load_prompt("telegraphic").text[:200]  # what a base model that ignores it returns
     fake.queue(*[echo] * 3)
@@ -191,6 +199,7 @@ def test_a_draft_echoing_the_prompt_is_garbage(fake: Fake) -> None:
     assert got.outcome == "failed" and "echoes the rewrite prompt" in str(got.error)
 
 
+@pytest.mark.e2e
 def test_dropped_hard_threshold_gets_one_repair_request(fake: Fake) -> None:
     raw = ("Check constraints: risk <= 0.05 and reliability >= 0.94 for options V2 and V3; we "
            "have no risk data yet so we must simulate both options before deciding anything")
@@ -204,6 +213,7 @@ def test_dropped_hard_threshold_gets_one_repair_request(fake: Fake) -> None:
     assert len(fake.requests) == 2
 
 
+@pytest.mark.e2e
 def test_failed_repair_keeps_the_first_draft_and_records_what_it_lacks(
         fake: Fake) -> None:
     raw = LONG + " and risk <= 0.05 must hold"
@@ -212,11 +222,12 @@ def test_failed_repair_keeps_the_first_draft_and_records_what_it_lacks(
     assert got.outcome == "rewritten" and got.missing_required == ["0.05"]
 
 
+@pytest.mark.e2e
 def test_compressor_sees_only_the_block_and_the_action_name(fake: Fake,
                                                             tmp_path: Path) -> None:
     clean_path = tmp_path / "clean.json"
     save_history(text_history(), clean_path)
-    [arm] = write_arms(clean_path, {"self": self_compressor(fake.url)})
+    [arm] = write_arm_files(clean_path, ["self"], compressors={"self": self_compressor(fake.url)})
     assert arm.written, arm.problems
     assert len(fake.requests) == 2
     prompt = load_prompt("telegraphic").text
@@ -239,6 +250,7 @@ def test_compressor_sees_only_the_block_and_the_action_name(fake: Fake,
     assert len(fake.requests) == 3
 
 
+@pytest.mark.e2e
 def test_redaction_before_an_external_compressor_and_restored_locally(fake: Fake) -> None:
     raw = LONG + " then export API_KEY=sk-abcdefghijklmnopqrstuvwx and DB_PASSWORD=hunter22"
     fake.queue("Median wrong; export API_KEY=[REDACTED-SECRET-1]")
@@ -253,6 +265,7 @@ def test_redaction_before_an_external_compressor_and_restored_locally(fake: Fake
 
 # --- failures leave everything already written as it was ---------------------------------------
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("reply", [("status", 503), ("garbage", "<html>not json</html>")])
 def test_broken_compressor_leaves_clean_and_old_arm_untouched(fake: Fake, tmp_path: Path,
                                                               reply: Any) -> None:
@@ -261,14 +274,15 @@ def test_broken_compressor_leaves_clean_and_old_arm_untouched(fake: Fake, tmp_pa
     (tmp_path / "self.json").write_text("previous arm\n")
     before = clean_path.read_bytes()
     fake.queue(*[reply] * 6)
-    [arm] = write_arms(clean_path, {"self": self_compressor(fake.url)})
+    [arm] = write_arm_files(clean_path, ["self"], compressors={"self": self_compressor(fake.url)})
     assert not arm.written and "compressor failed" in arm.problems[0]
     assert clean_path.read_bytes() == before
     assert (tmp_path / "self.json").read_text() == "previous arm\n"
     rows = read_ledger(tmp_path / "compaction" / "ledger.jsonl")
     assert [r["outcome"] for r in rows] == ["failed", "failed"]
     assert not (tmp_path / "compaction" / "cache.jsonl").exists()  # failures are not cached
-    [again] = write_arms(clean_path, {"self": self_compressor(fake.url)})  # endpoint back
+    [again] = write_arm_files(clean_path, ["self"],  # the endpoint is back
+                              compressors={"self": self_compressor(fake.url)})
     assert again.written
 
 
@@ -280,6 +294,7 @@ def test_endpoint_down_is_a_failed_block_naming_the_url(tmp_path: Path) -> None:
 
 # --- arms and continuous compaction -------------------------------------------------------------
 
+@pytest.mark.e2e
 def test_arm_from_a_real_native_history_passes_the_invariant(fake: Fake,
                                                              tmp_path: Path) -> None:
     shutil.copy(VACCINE, tmp_path / "clean.json")
@@ -287,7 +302,8 @@ def test_arm_from_a_real_native_history_passes_the_invariant(fake: Fake,
                          "risk <= 0.05 unknown.",
                          "V1 fails sites >= 2; V2 V3 V4 V5 pass; quote <= 1,000,000, reliability "
                          ">= 0.94, risk <= 0.05 lack data; simulate V2-V5."])
-    [arm] = write_arms(tmp_path / "clean.json", {"external": external_compressor(fake.url)})
+    [arm] = write_arm_files(tmp_path / "clean.json", ["external"],
+                            compressors={"external": external_compressor(fake.url)})
     assert arm.written, arm.problems
     saved = load_history(tmp_path / "external.json")
     clean = load_history(tmp_path / "clean.json")
@@ -304,6 +320,7 @@ def test_arm_from_a_real_native_history_passes_the_invariant(fake: Fake,
             k: v for k, v in b.items() if k != "reasoning"}
 
 
+@pytest.mark.e2e
 def test_continuous_policy_compacts_only_new_blocks_and_leaves_its_input(
         fake: Fake) -> None:
     history = text_history()
@@ -321,6 +338,7 @@ def test_continuous_policy_compacts_only_new_blocks_and_leaves_its_input(
     assert policy.rewrite_s > 0
 
 
+@pytest.mark.e2e
 def test_judge_verdicts_and_the_gate(fake: Fake) -> None:
     config = JudgeConfig(endpoint=EndpointConfig(api_url=fake.url, model="judge"))
     good = {"verdict": "pass", "critical_or_material_issue": False,
@@ -338,6 +356,7 @@ def test_judge_verdicts_and_the_gate(fake: Fake) -> None:
     assert len(gate_failures(blocks, "judge")) == 1 and len(gate_failures(blocks, "strict")) == 2
 
 
+@pytest.mark.e2e
 def test_a_repair_that_is_not_shorter_keeps_the_usable_first_draft(fake: Fake) -> None:
     raw = LONG + " and risk <= 0.05 must hold"
     fake.queue("Median wrong for 4 items.", " ".join(["rambling"] * 40))
@@ -346,6 +365,7 @@ def test_a_repair_that_is_not_shorter_keeps_the_usable_first_draft(fake: Fake) -
     assert got.repaired and got.missing_required == ["0.05"]
 
 
+@pytest.mark.e2e
 def test_a_draft_after_a_rejected_one_is_sampled_with_a_new_seed(fake: Fake) -> None:
     echo = load_prompt("telegraphic").text[:200]
     fake.queue(echo, "Median wrong for 4 items.")

@@ -16,10 +16,10 @@ from compaction_bench.common.paths import histories_root
 from compaction_bench.histories.agent.acquisition import acquire
 from compaction_bench.histories.agent.chat import config_for_profile
 from compaction_bench.histories.agent.continuation import check_reasoning_only, continue_history
-from compaction_bench.histories.compaction.arms import write_arms
 from compaction_bench.histories.compaction.compactor import external_compressor, self_compressor
 from compaction_bench.histories.compaction.ledger import Ledger, read_ledger
 from compaction_bench.histories.format.history import load_history, save_history
+from compaction_bench.histories.policies.armfile import write_arm_files
 from compaction_bench.histories.policies.compacting import policy_for
 from compaction_bench.histories.tasks.task import load_task
 from compaction_bench.serve.launcher import Server, ServerConfig, start_server
@@ -34,7 +34,7 @@ def test_self_compaction_of_real_reasoning_on_the_cpu_server(cpu_server: Server,
                                                              tmp_path: Path) -> None:
     shutil.copy(VACCINE, tmp_path / "clean.json")  # blocks of 11, 73 and 152 words
     config = self_compressor(cpu_server.api_url, max_tokens_per_raw_word=2.0)
-    [arm] = write_arms(tmp_path / "clean.json", {"self": config})
+    [arm] = write_arm_files(tmp_path / "clean.json", ["self"], compressors={"self": config})
     assert arm.written, arm.problems
     assert arm.invariant is not None and arm.invariant.passed
     rows = read_ledger(tmp_path / "compaction" / "ledger.jsonl")
@@ -43,7 +43,8 @@ def test_self_compaction_of_real_reasoning_on_the_cpu_server(cpu_server: Server,
         assert row["outcome"] in ("rewritten", "reverted-not-shorter"), row
         assert row["latency_s"] > 0 and row["completion_tokens"] > 0 and row["drafts"] >= 1
         assert row["words_out"] <= row["words_in"]
-    [again] = write_arms(tmp_path / "clean.json", {"self": config})  # rewritten once: cached
+    [again] = write_arm_files(tmp_path / "clean.json", ["self"],  # rewritten once: cached
+                              compressors={"self": config})
     assert again.totals["cache_hits"] == 2 and again.totals["latency_s"] == 0
     assert again.history is not None
     assert load_history(tmp_path / "self.json").messages == again.history.messages
@@ -55,8 +56,8 @@ def test_arms_of_an_acquired_history_and_a_continuously_compacted_continuation(
     task = load_task("fix-median")
     clean_path = tmp_path / "fix-median" / "clean.json"
     save_history(acquire(task, chat, fork_turn=2).history, clean_path)
-    [arm] = write_arms(clean_path, {"self": self_compressor(cpu_server.api_url,
-                                                           max_tokens_per_raw_word=2.0)})
+    [arm] = write_arm_files(clean_path, ["self"], compressors={
+        "self": self_compressor(cpu_server.api_url, max_tokens_per_raw_word=2.0)})
     assert arm.written, arm.problems
     self_arm = load_history(clean_path.parent / "self.json")
     check_reasoning_only(load_history(clean_path), self_arm)
@@ -81,7 +82,8 @@ def test_external_compaction_through_the_embedded_gemma_server(tmp_path: Path) -
     try:
         shutil.copy(VACCINE, tmp_path / "clean.json")
         config = external_compressor(server.api_url, max_tokens_per_raw_word=2.0)
-        [arm] = write_arms(tmp_path / "clean.json", {"external": config})
+        [arm] = write_arm_files(tmp_path / "clean.json", ["external"],
+                                compressors={"external": config})
     finally:
         server.stop()
     rows = read_ledger(tmp_path / "compaction" / "ledger.jsonl")

@@ -8,10 +8,19 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from compaction_bench.common.paths import histories_root
+from compaction_bench.histories.compaction.compactor import self_compressor
 from compaction_bench.histories.compaction.ledger import read_ledger
 from compaction_bench.histories.format.history import History, load_history, save_history
-from compaction_bench.histories.policies.armfile import scorer_of, settled_of, write_policy_arms
+from compaction_bench.histories.policies.armfile import (
+    PolicyArmError,
+    policy_fork_cost,
+    scorer_of,
+    settled_of,
+    write_arm_files,
+)
 from compaction_bench.histories.policies.scorer import ScorerConfig
 from compaction_bench.histories.policies.segments import SKIP, split_segments
 
@@ -24,7 +33,7 @@ def test_a_real_native_history_pruned_online_at_the_fork(scorer_config: ScorerCo
                                                          tmp_path: Path) -> None:
     shutil.copy(VACCINE, tmp_path / "clean.json")
     clean = load_history(tmp_path / "clean.json")
-    [result] = write_policy_arms(tmp_path / "clean.json", ["entropy"], scorer_config)
+    [result] = write_arm_files(tmp_path / "clean.json", ["entropy"], scorer=scorer_config)
     assert result.written, result.problems
     arm = load_history(tmp_path / "entropy.json")
     policy = arm.provenance["policy"]
@@ -51,7 +60,7 @@ def test_a_real_native_history_pruned_online_at_the_fork(scorer_config: ScorerCo
 def test_the_shipped_text_history_gets_every_policy_arm(scorer_config: ScorerConfig,
                                                         tmp_path: Path) -> None:
     shutil.copy(histories_root() / "fix-median" / "clean.json", tmp_path / "clean.json")
-    results = write_policy_arms(tmp_path / "clean.json", ARMS, scorer_config, seed=3)
+    results = write_arm_files(tmp_path / "clean.json", ARMS, scorer=scorer_config, seed=3)
     assert [r.arm for r in results if r.written] == ARMS, [r.problems for r in results]
     thoughts = {arm: [m["content"].split("\n\n```")[0] for m in load_history(
         tmp_path / f"{arm}.json").messages if m["role"] == "assistant"] for arm in ARMS}
@@ -65,7 +74,7 @@ def test_the_shipped_text_history_gets_every_policy_arm(scorer_config: ScorerCon
     again = tmp_path / "again"
     again.mkdir()
     shutil.copy(tmp_path / "clean.json", again / "clean.json")
-    write_policy_arms(again / "clean.json", ["random-30"], scorer_config, seed=3)
+    write_arm_files(again / "clean.json", ["random-30"], scorer=scorer_config, seed=3)
     assert load_history(again / "random-30.json").messages == load_history(
         tmp_path / "random-30.json").messages  # seeded: the same tokens go
     assert settled_of(load_history(tmp_path / "keep-latest.json")) == [2]
@@ -75,10 +84,43 @@ def test_a_step_over_the_scorer_limit_is_written_unpruned(make_native: Callable[
                                                           tmp_path: Path) -> None:
     save_history(make_native("alpha beta\n\ngamma delta"), tmp_path / "clean.json")
     tight = ScorerConfig(model="embedded:smollm2-135m-instruct", max_input_tokens=20)
-    [result] = write_policy_arms(tmp_path / "clean.json", ["entropy"], tight)
+    [result] = write_arm_files(tmp_path / "clean.json", ["entropy"], scorer=tight)
     assert result.written
     edits = load_history(tmp_path / "entropy.json").provenance["policy"]["edits"]
     assert [e["outcome"] for e in edits] == ["skipped-scorer-limit"]
     assert "exceeds the limit of 20" in edits[0]["error"]
     assert load_history(tmp_path / "entropy.json").messages == load_history(
         tmp_path / "clean.json").messages
+
+
+def test_one_writer_for_compaction_and_the_policies_read_back_by_the_bench(
+        scorer_config: ScorerConfig, tmp_path: Path) -> None:
+    """Compaction is one more policy of the one writer: one call writes a compaction arm and a
+    second-paper arm, each with the provenance the bench reads back (its fork-rewrite cost, the
+    policy's scorer and settled steps); arms with no file of their own are skipped."""
+    from compaction_bench.bench.run.arm import fork_rewrite_cost
+
+    shutil.copy(histories_root() / "fix-median" / "clean.json", tmp_path / "clean.json")
+    # fix-median's blocks are at most 12 words: they stay as they are, the compressor unasked
+    nowhere = self_compressor("http://127.0.0.1:9/v1")
+    results = write_arm_files(tmp_path / "clean.json",
+                              ["clean", "self", "delete-all-thinking", "placebo"],
+                              compressors={"self": nowhere}, scorer=scorer_config)
+    assert [(r.arm, r.written) for r in results] == [("self", True),
+                                                     ("delete-all-thinking", True)]
+    compacted = load_history(tmp_path / "self.json")
+    assert compacted.provenance["compaction"]["invariant"]["passed"]
+    assert fork_rewrite_cost(compacted) == {
+        "fork_rewrite_s": 0.0, "fork_rewrite_requests": 0, "fork_rewrite_prompt_tokens": 0,
+        "fork_rewrite_completion_tokens": 0, "fork_rewrite_cache_hits": 0}
+    assert results[0].blocks and all(b["outcome"] == "identity-short" for b in results[0].blocks)
+    deleted = load_history(tmp_path / "delete-all-thinking.json")
+    assert deleted.provenance["policy"]["invariant"]["passed"]
+    assert scorer_of(deleted) == scorer_config and settled_of(deleted) == [2, 4]
+    assert policy_fork_cost(deleted)["fork_rewrite_requests"] == 0  # deleting scores nothing
+    lines = read_ledger(tmp_path / "compaction" / "ledger.jsonl")  # one ledger for both kinds
+    assert {line.get("kind", "compaction") for line in lines} == {"compaction", "policy"}
+    with pytest.raises(PolicyArmError, match="arm external: no compressor 'external' given"):
+        write_arm_files(tmp_path / "clean.json", ["external"], compressors={"self": nowhere})
+    with pytest.raises(PolicyArmError, match="arm keep-latest: its policy needs a scorer"):
+        write_arm_files(tmp_path / "clean.json", ["keep-latest"])

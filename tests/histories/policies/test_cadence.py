@@ -48,6 +48,7 @@ def records(messages: list[dict[str, Any]]) -> list[bool]:
             if m["role"] == "assistant"]
 
 
+@pytest.mark.e2e
 def test_the_arm_file_holds_only_the_compactions_due_before_the_fork(fake: FakeProcess) -> None:
     fake.reset()
     two, _, _ = compact_history(history(2), Compactor(self_compressor(fake.api_url)),
@@ -69,6 +70,7 @@ def test_the_arm_file_holds_only_the_compactions_due_before_the_fork(fake: FakeP
     assert len(fake.requests()) == 3  # turns 4, 5 and 6, once each
 
 
+@pytest.mark.e2e
 def test_compaction_runs_before_the_request_after_every_third_turn(fake: FakeProcess) -> None:
     fake.reset()
     policy = ContinuousCompaction(Compactor(self_compressor(fake.api_url)), name="self-every-3",

@@ -1,0 +1,110 @@
+"""The one client of a server's own endpoints (serve.endpoints): parsing vLLM's /metrics, the
+suite's fake engine served in this process, and a port where nothing listens."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from compaction_bench.common.net import free_port
+from compaction_bench.loadgen.fakeserver import FakeConfig, FakeServer
+from compaction_bench.serve.endpoints import (
+    EndpointError,
+    ServerEndpoints,
+    cache_config,
+    is_healthy,
+    parse_metrics,
+    server_version,
+)
+
+TEXT = """# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="target"} 3.0
+vllm:num_requests_running{engine="1",model_name="target"} 1.0
+vllm:num_requests_waiting{engine="0",model_name="target"} 5.0
+vllm:kv_cache_usage_perc{engine="0",model_name="target"} 0.25
+vllm:prefix_cache_queries_total{engine="0",model_name="target"} 2884.0
+vllm:prefix_cache_hits_total{engine="0",model_name="target"} 1664.0
+vllm:num_preemptions_total{engine="0",model_name="target"} 2.0
+vllm:request_queue_time_seconds_sum{engine="0",model_name="target"} 3.5
+vllm:request_queue_time_seconds_count{engine="0",model_name="target"} 10.0
+vllm:generation_tokens_total{engine="0",model_name="target"} 700.0
+vllm:generation_tokens_total{engine="1",model_name="target"} 77.0
+"""
+# as vLLM 0.32's CPU build exports it (labels abridged)
+CACHE_INFO = """# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="128",cache_dtype="auto",enable_prefix_caching="True",\
+engine="0",num_gpu_blocks="1456",prefix_caching_hash_algo="sha256"} 1.0
+"""
+
+
+def test_parse_sums_label_sets() -> None:
+    values = parse_metrics(TEXT)
+    assert values == {"num_requests_running": 4.0, "num_requests_waiting": 5.0,
+                      "kv_cache_usage": 0.25, "prefix_cache_hits": 1664.0,
+                      "prefix_cache_queries": 2884.0, "num_preemptions": 2.0,
+                      "queue_time_sum_s": 3.5, "queue_time_count": 10.0,
+                      "generation_tokens": 777.0}
+    assert parse_metrics("")["num_requests_waiting"] is None
+
+
+def test_cache_config_is_the_info_gauge_labels() -> None:
+    config = cache_config(TEXT + CACHE_INFO)
+    assert config["block_size"] == "128" and config["enable_prefix_caching"] == "True"
+    assert config["num_gpu_blocks"] == "1456"
+    assert cache_config(TEXT) == {} and cache_config(None) == {}
+
+
+@pytest.fixture
+def fake_url() -> Iterator[str]:
+    """The fake engine on an event loop in a thread of this process."""
+    ready = threading.Event()
+    held: dict[str, Any] = {}
+
+    async def serve() -> None:
+        server = FakeServer(FakeConfig(models=("target", "compressor"), max_model_len=4096))
+        held["port"] = await server.start()
+        held["loop"], held["stop"] = asyncio.get_running_loop(), asyncio.Event()
+        ready.set()
+        await held["stop"].wait()
+        await server.stop()
+
+    thread = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
+    thread.start()
+    assert ready.wait(timeout=10)
+    try:
+        yield f"http://127.0.0.1:{held['port']}/v1"
+    finally:
+        held["loop"].call_soon_threadsafe(held["stop"].set)
+        thread.join(timeout=10)
+
+
+def test_what_the_fake_engine_says_about_itself(fake_url: str) -> None:
+    with ServerEndpoints(fake_url, timeout_s=5.0) as server:
+        assert server.server_url + "/v1" == server.api_url == fake_url
+        assert server.healthy() and server.version() == "fake-1"
+        models = server.models()
+        assert models is not None and [m["id"] for m in models] == ["target", "compressor"]
+        assert models[0]["max_model_len"] == 4096
+        assert server.metrics()["num_requests_running"] == 0.0
+        assert server.cache_config() == {}  # the fake states no cache arguments
+        with pytest.raises(EndpointError, match=r"/tokenize answered HTTP 404"):
+            server.tokenize_chat("target", [{"role": "user", "content": "hi"}])
+        assert server.count_tokens("target", "") == 0 and server.detokenize("target", []) == ""
+    assert is_healthy(fake_url) and server_version(fake_url) == "fake-1"
+
+
+def test_nothing_listening_is_not_stated_or_an_error_naming_the_url() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    with ServerEndpoints(url, timeout_s=2.0) as server:
+        assert not server.healthy() and server.version() is None and server.models() is None
+        assert server.cache_config() == {}
+        with pytest.raises(EndpointError, match=rf"scraping {url}/metrics"):
+            server.metrics_text()
+        with pytest.raises(EndpointError, match=rf"{url}/tokenize: ConnectError"):
+            server.tokenize_text("target", "hello")
+    assert not is_healthy(url) and server_version(url) is None

@@ -9,7 +9,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -19,7 +19,7 @@ from compaction_bench.histories.agent.acquisition import acquire
 from compaction_bench.histories.agent.audit import audit as render_audit
 from compaction_bench.histories.agent.chat import config_for_profile
 from compaction_bench.histories.agent.continuation import continue_history
-from compaction_bench.histories.compaction.arms import SEED_ARMS, write_arms
+from compaction_bench.histories.compaction.arms import SEED_ARMS
 from compaction_bench.histories.compaction.compactor import (
     IDENTITY_MAX_WORDS,
     CompressorConfig,
@@ -34,7 +34,7 @@ from compaction_bench.histories.format.export import export_minisweagent
 from compaction_bench.histories.format.history import load_history, save_history, write_json
 from compaction_bench.histories.format.importers import import_history, write_study_histories
 from compaction_bench.histories.format.reasoning import thought_label
-from compaction_bench.histories.policies.armfile import write_policy_arms
+from compaction_bench.histories.policies.armfile import write_arm_files
 from compaction_bench.histories.policies.registry import POLICY_ARMS, compressors_needed, parse_arm
 from compaction_bench.histories.policies.scorer import scorer_for_profile
 from compaction_bench.histories.tasks.task import load_task, runnable_tasks
@@ -170,21 +170,14 @@ def arms_cmd(
             configs["self"] = self_compressor(
                 target_url, model=target.profile.model.compressor_name, prompt=prompt,
                 max_tokens_per_raw_word=cap_per_word)
-        compressors = {name: configs[str(s.compressor)] for name, s in compacting.items()}
-        cadence = {name: s.every for name, s in compacting.items()}
         for path in paths:
-            results: list[tuple[Path, bool, dict[str, Any], list[str]]] = [
-                (r.path, r.written, r.totals, r.problems) for r in write_arms(
-                    path, compressors, judge=judge, gate=chosen_gate, cadence=cadence)]
-            if proxy is not None:
-                results += [(r.path, r.written, r.totals, r.problems)
-                            for r in write_policy_arms(path, stepwise, proxy, seed=seed)]
-            for where, written, totals, problems in results:
-                failed |= not written
-                status = "written" if written else "NOT written"
-                typer.echo(f"{where}: {status}; " + json.dumps(
-                    {k: v for k, v in totals.items() if k in _SHOWN}))
-                for problem in problems:
+            for r in write_arm_files(path, [*compacting, *stepwise], compressors=configs,
+                                     scorer=proxy, judge=judge, gate=chosen_gate, seed=seed):
+                failed |= not r.written
+                status = "written" if r.written else "NOT written"
+                typer.echo(f"{r.path}: {status}; " + json.dumps(
+                    {k: v for k, v in r.totals.items() if k in _SHOWN}))
+                for problem in r.problems:
                     typer.echo(f"  problem: {problem}", err=True)
     if failed:
         raise typer.Exit(ExitCode.FAILED)

@@ -21,10 +21,7 @@ from types import TracebackType
 from typing import Any
 
 from compaction_bench.common.files import JsonlWriter
-from compaction_bench.serve.endpoints import EndpointError, ServerEndpoints, parse_metrics
-
-# parse_metrics: re-exported while bench/run/progress.py still imports it from here
-__all__ = ["MetricsSampler", "parse_metrics"]
+from compaction_bench.serve.endpoints import EndpointError, ServerEndpoints
 
 
 class MetricsSampler:

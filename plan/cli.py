@@ -10,8 +10,8 @@ from typing import Annotated
 
 import typer
 
+from compaction_bench.common.resampling import RESAMPLES
 from compaction_bench.plan.settings import (
-    BOOTSTRAP_RESAMPLES,
     DEFAULT_AGENTS,
     DEFAULT_SLO,
     PlanConfig,
@@ -40,7 +40,7 @@ def plan(
     predict_device: Annotated[str | None, typer.Option(
         help="with --costmodel: also predict on this GPU (kernels/limits.toml)")] = None,
     bootstrap: Annotated[int, typer.Option(help="bootstrap resamples", min=100)
-                         ] = BOOTSTRAP_RESAMPLES,
+                         ] = RESAMPLES,
     seed: Annotated[int, typer.Option(help="seed of the bootstrap and simulator", min=0)] = 0,
 ) -> None:
     """Write plan.md, plan.json and plots/plan_*.png into RUN_DIR."""

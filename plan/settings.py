@@ -19,8 +19,6 @@ from compaction_bench.common.resampling import CONFIDENCE, RESAMPLES
 
 DEFAULT_SLO = "p90:2x"
 DEFAULT_AGENTS = 100
-# The old name, while plan/cli.py still imports it (the resample count is common.resampling's).
-BOOTSTRAP_RESAMPLES = RESAMPLES
 _SLO = re.compile(r"^p(\d+(?:\.\d+)?):(\d+(?:\.\d+)?)(s|x)?$")
 
 

@@ -11,11 +11,7 @@ read through the server endpoints' client (`serve.endpoints`).
 from __future__ import annotations
 
 from compaction_bench.serve.checkreport import CheckResult
-from compaction_bench.serve.endpoints import cache_config
 from compaction_bench.serve.profile import Profile, version_tuple
-
-# cache_config: re-exported while bench/run/sweep.py still imports it from here
-__all__ = ["cache_config", "check_server", "int_label"]
 
 
 def int_label(config: dict[str, str], key: str) -> int | None:

@@ -28,13 +28,11 @@ from compaction_bench.common.net import api_url, server_url
 from compaction_bench.common.paths import run_state_dir
 from compaction_bench.common.processtree import stop_tree
 from compaction_bench.serve.command import (
-    ALWAYS_ON,
-    OFFLINE_ENV,
     ServerConfig,
     build_command,
     build_env,
 )
-from compaction_bench.serve.endpoints import ServerEndpoints, is_healthy, server_version
+from compaction_bench.serve.endpoints import ServerEndpoints, is_healthy
 from compaction_bench.serve.errors import (
     EngineUnavailableError,
     PortInUseError,
@@ -47,10 +45,9 @@ from compaction_bench.serve.process import pid_file, rotate_log, tail, write_pid
 from compaction_bench.serve.profile import Profile
 from compaction_bench.serve.versions import check_vllm_version, installed_vllm
 
-# is_healthy, server_version: re-exported while bench/run and tests/conftest.py import them here
-__all__ = ["ALWAYS_ON", "OFFLINE_ENV", "Server", "ServerConfig", "build_command", "build_env",
-           "check_engine", "check_port", "is_healthy", "require_server", "serve_foreground",
-           "server_for", "server_version", "start_server"]
+# ServerConfig and build_command (serve.command) are used with the launcher
+__all__ = ["LazyServer", "Server", "ServerConfig", "build_command", "check_engine", "check_port",
+           "require_server", "serve_foreground", "server_for", "start_server"]
 
 
 def check_engine(profile: Profile) -> str | None:

@@ -23,7 +23,8 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from compaction_bench.common.net import free_port
-from compaction_bench.serve.launcher import Server, ServerConfig, is_healthy
+from compaction_bench.serve.endpoints import is_healthy
+from compaction_bench.serve.launcher import Server, ServerConfig
 from compaction_bench.serve.profile import load_profile
 
 # Property-based fuzzing (hypothesis): the default run is derandomized and bounded so the fuzz

@@ -17,6 +17,7 @@ import typer
 from compaction_bench.bench.faults.harness import Context, FaultResult
 from compaction_bench.bench.faults.hostile import hostile
 from compaction_bench.bench.faults.rows import ROWS, Row
+from compaction_bench.common import markdown
 from compaction_bench.common.errors import ExitCode, SuiteError
 from compaction_bench.common.files import write_json_atomic
 from compaction_bench.common.paths import results_dir
@@ -51,13 +52,10 @@ def run_rows(rows: list[Row], root: Path, *, jobs: int = JOBS,
 
 
 def table(results: list[FaultResult]) -> str:
-    lines = ["| fault | survived | finished records lost | the line the user saw |",
-             "|---|---|---|---|"]
-    for r in results:
-        line = r.line.replace("|", "\\|")
-        lines.append(f"| {r.fault} | {'yes' if r.survived else 'NO: ' + r.why} | "
-                     f"{'?' if r.lost is None else r.lost} | {line} |")
-    return "\n".join(lines)
+    return "\n".join(markdown.table(
+        ("fault", "survived", "finished records lost", "the line the user saw"),
+        [(r.fault, "yes" if r.survived else "NO: " + r.why,
+          "?" if r.lost is None else str(r.lost), r.line) for r in results]))
 
 
 @app.command()

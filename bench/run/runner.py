@@ -36,7 +36,7 @@ from compaction_bench.bench.run.telemetry import run_telemetry, service_probe
 from compaction_bench.bench.run.watchdog import Watchdog
 from compaction_bench.bench.run.writer import RunWriter
 from compaction_bench.loadgen.background import BackgroundLoadError, ServiceProbe
-from compaction_bench.serve.launcher import is_healthy
+from compaction_bench.serve.endpoints import is_healthy
 from compaction_bench.serve.profile import Profile
 
 

@@ -53,7 +53,8 @@ from compaction_bench.histories.agent.sandbox import Confinement, confinement
 from compaction_bench.histories.compaction.ledger import Ledger
 from compaction_bench.histories.tasks.task import Task, load_task
 from compaction_bench.loadgen.replay import describe_plan
-from compaction_bench.serve.launcher import ServerConfig, server_for, server_version
+from compaction_bench.serve.endpoints import server_version
+from compaction_bench.serve.launcher import ServerConfig, server_for
 from compaction_bench.serve.profile import Profile, resolve_profile
 
 DEFAULT_KV_BLOCK = 16  # vLLM's KV block size where a profile sets none

@@ -38,7 +38,6 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 
 from compaction_bench.bench.analysis.runfolder import ArmRecord
@@ -51,9 +50,7 @@ from compaction_bench.bench.run.stop import RunStop
 from compaction_bench.bench.run.watchdog import Watchdog
 from compaction_bench.bench.run.writer import RunWriter
 from compaction_bench.common.files import JsonlWriter, read_jsonl
-from compaction_bench.common.net import server_url
-from compaction_bench.serve.engineinfo import cache_config
-from compaction_bench.serve.launcher import is_healthy
+from compaction_bench.serve.endpoints import ServerEndpoints, is_healthy
 from compaction_bench.serve.profile import Profile
 
 SWEEP_FILE = "sweep.jsonl"
@@ -90,10 +87,8 @@ def finished_cells(run_dir: Path) -> tuple[set[tuple[str, int]], dict[tuple[str,
 def _server_cache_config(url: str) -> dict[str, str]:
     """The engine's cache arguments from `/metrics` (`vllm:cache_config_info`: KV blocks,
     block size), for the plan's KV-cache cap; {} where the server exports none."""
-    try:
-        return cache_config(httpx.get(f"{server_url(url)}/metrics", timeout=10).text)
-    except httpx.HTTPError:
-        return {}
+    with ServerEndpoints(url, timeout_s=10.0) as server:
+        return server.cache_config()
 
 
 def sweep_config(config: BenchConfig, engine: str) -> BenchConfig:

@@ -18,7 +18,6 @@ every block that did settle, so a rerun only redoes the failures.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,7 +42,7 @@ from compaction_bench.histories.compaction.lexical import lexical_diagnostics
 from compaction_bench.histories.format.history import History
 
 if TYPE_CHECKING:
-    from compaction_bench.histories.policies.armfile import ArmFileResult
+    pass
 
 SEED_ARMS = ("external", "self")
 TIMING_NOTE = ("at the fork: each block rewritten from (block, requested action name) only, "
@@ -138,28 +137,3 @@ def compaction_fork(clean: History, arm: str, config: CompressorConfig, *,
     problems += gate_failures(blocks, gate)
     history.provenance["compaction"]["gate"] = gate
     return history, blocks, problems
-
-
-def write_arms(clean_path: str | Path, compressors: Mapping[str, CompressorConfig], *,
-               cache_path: str | Path | None = None, ledger_path: str | Path | None = None,
-               judge: JudgeConfig | None = None, gate: Gate = "off",
-               clock: Clock = monotonic, cadence: Mapping[str, int] | None = None
-               ) -> list[ArmFileResult]:
-    """Temporary, while histories/cli.py and tests/bench/run/test_arm_policies.py call it:
-    `write_arm_files` for compaction arms given as {arm name: its compressor's config}. The
-    cadence is the name's (`self-every-3`); `cadence`, where given, must agree with it."""
-    from compaction_bench.histories.policies.armfile import write_arm_files
-    from compaction_bench.histories.policies.registry import parse_arm
-
-    out = []
-    for arm, config in compressors.items():
-        spec = parse_arm(arm)
-        if spec.kind != "compaction" or spec.compressor is None:
-            raise ValueError(f"arm {arm} is not a compaction arm")
-        if (cadence or {}).get(arm, spec.every) != spec.every:
-            raise ValueError(f"arm {arm}: cadence {(cadence or {})[arm]} disagrees with its "
-                             f"name (every {spec.every} turns)")
-        out += write_arm_files(clean_path, [arm], compressors={spec.compressor: config},
-                               cache_path=cache_path, ledger_path=ledger_path, judge=judge,
-                               gate=gate, clock=clock)
-    return out

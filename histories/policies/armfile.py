@@ -173,19 +173,6 @@ def policy_fork(clean: History, spec: ArmSpec, scorer: ScorerConfig, *,
     return history, problems
 
 
-def write_policy_arms(clean_path: str | Path, arms: Sequence[str], scorer: ScorerConfig, *,
-                      ledger_path: str | Path | None = None, seed: int = 0,
-                      clock: Clock = monotonic) -> list[ArmFileResult]:
-    """Temporary, while histories/cli.py and tests/bench/run/test_arm_policies.py call it:
-    `write_arm_files` for second-paper arms only."""
-    for name in arms:
-        if not parse_arm(name).stepwise:
-            raise PolicyArmError(f"arm {name} is not a second-paper policy (its file is written "
-                                 "by compaction or is clean itself)")
-    return write_arm_files(clean_path, arms, scorer=scorer, ledger_path=ledger_path, seed=seed,
-                           clock=clock)
-
-
 def _policy(history: History, origin: str) -> dict[str, Any]:
     found = history.provenance.get("policy")
     if not isinstance(found, dict) or found.get("arm") != history.arm:

@@ -16,11 +16,10 @@ from compaction_bench.bench.run.config import BenchConfig
 from compaction_bench.common.errors import ExitCode
 from compaction_bench.common.paths import histories_root, repo_root
 from compaction_bench.histories.agent.chat import config_for_profile
-from compaction_bench.histories.compaction.arms import write_arms
 from compaction_bench.histories.compaction.compactor import self_compressor
 from compaction_bench.histories.compaction.ledger import Ledger
 from compaction_bench.histories.format.history import load_history
-from compaction_bench.histories.policies.armfile import write_policy_arms
+from compaction_bench.histories.policies.armfile import write_arm_files
 from compaction_bench.histories.policies.scorer import ScorerConfig
 from compaction_bench.histories.tasks.task import load_task
 from compaction_bench.serve.profile import load_profile
@@ -31,12 +30,11 @@ URL = "http://127.0.0.1:9/v1"  # nothing is sent: the first requests are only bu
 
 def test_every_policy_arm_passes_the_invariant_on_the_wire(tmp_path: Path) -> None:
     shutil.copy(histories_root() / "fix-median" / "clean.json", tmp_path / "clean.json")
-    written = write_policy_arms(tmp_path / "clean.json", POLICIES,
-                                ScorerConfig(model="embedded:smollm2-135m-instruct"))
-    assert all(r.written for r in written)
-    [every] = write_arms(tmp_path / "clean.json", {"self-every-3": self_compressor(URL)},
-                         cadence={"self-every-3": 3})  # identity-short on cpu-tiny: no request
-    assert every.written
+    # self-every-3 is identity-short on cpu-tiny: its compressor gets no request
+    written = write_arm_files(tmp_path / "clean.json", [*POLICIES, "self-every-3"],
+                              compressors={"self": self_compressor(URL)},
+                              scorer=ScorerConfig(model="embedded:smollm2-135m-instruct"))
+    assert len(written) == 6 and all(r.written for r in written)
     task = load_task("fix-median")
     config = config_for_profile(load_profile("cpu-tiny"), URL, seed=5)
     ledger = Ledger(tmp_path / "ledger.jsonl")
@@ -74,4 +72,4 @@ def test_an_unknown_arm_name_is_refused_before_anything_starts() -> None:
                           timeout=120, check=False)
     assert done.returncode == ExitCode.USAGE
     [line] = done.stderr.strip().splitlines()
-    assert line.startswith("error: invalid BenchConfig: arms: ") and "random-<r>" in line
+    assert line.startswith("error: invalid bench settings: arms: ") and "random-<r>" in line

@@ -36,4 +36,5 @@ def test_unknown_or_out_of_range_names_fail_in_one_line(name: str) -> None:
     message = str(caught.value)
     assert "\n" not in message and repr(name) in message
     if name in ("entropi", "random-x", "gemma-every-3", "Entropy"):
-        assert "known arms: clean, placebo, external, self, entropy, step-entropy" in message
+        assert ("known arms: clean, placebo, external, self, external-history (replay), entropy"
+            in message)

@@ -35,9 +35,11 @@ def color(arm: str, index: int) -> str:
 
 
 def _footnote(figure: Figure, plan: Plan, text: str) -> None:
-    demo = "" if plan.observations.engine.reasons else (
-        f"  {plan.observations.engine.profile}: the model cannot reason; this demonstrates the "
-        "method, not the effect.")
+    engine = plan.observations.engine
+    demo = (f"  Replay: the recorded turns of {', '.join(engine.replayed)} on {engine.profile}."
+            if engine.replayed else "" if engine.reasons else (
+                f"  {engine.profile}: the model cannot reason; this demonstrates the "
+                "method, not the effect."))
     figure.text(0.01, -0.02, f"{text}{demo}", fontsize=7, ha="left", va="top", wrap=True)
 
 

@@ -84,6 +84,9 @@ class Engine:
     gpus_per_replica: int
     device: str
     reasons: bool  # False: the model cannot reason (the plan demonstrates the method)
+    # replay (SOURCE=replay): the recorded reasoning models whose turns were replayed; their
+    # recorded behaviour is what the plan prices on this server
+    replayed: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -173,9 +176,21 @@ def _engine(manifest: Mapping[str, Any], gpu_names: tuple[str, ...]) -> Engine:
     device = (", ".join(sorted(set(gpu_names))) if gpu_names else
               f"CPU ({hardware['cpu']}{cores})" if hardware.get("cpu") else
               str(name or "unknown device"))
+    replayed = _replayed(manifest)
     return Engine(profile=name, engine=engine, max_num_seqs=seqs, kv_pool_tokens=kv,
                   kv_source=source, gpus_per_replica=gpus, device=device,
-                  reasons=name not in NON_REASONING_PROFILES)
+                  reasons=bool(replayed) or name not in NON_REASONING_PROFILES,
+                  replayed=replayed)
+
+
+def _replayed(manifest: Mapping[str, Any]) -> tuple[str, ...]:
+    """The recorded models a replay run re-sent (from its manifest's plans), else ()."""
+    if _dict(manifest, "config").get("source") != "replay":
+        return ()
+    plans = _dict(_dict(manifest, "replay"), "plans")
+    models = {str(p.get("model")) for by_source in plans.values() if isinstance(by_source, dict)
+              for p in by_source.values() if isinstance(p, dict) and p.get("model")}
+    return tuple(sorted(models)) or ("recorded turns",)
 
 
 def _request_figures(requests: Iterable[RequestRecord]

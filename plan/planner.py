@@ -164,7 +164,11 @@ def _reach(obs: Observations, capacity: dict[str, ArmCapacity], prices: Prices
            ) -> tuple[list[str], list[str]]:
     """(what these records cannot tell, notes every reader needs)."""
     cannot, notes = [], []
-    if not obs.engine.reasons:
+    if obs.engine.replayed:
+        notes.append(f"replay: the recorded turns of {', '.join(obs.engine.replayed)} priced "
+                     f"on {obs.engine.profile} ({obs.engine.device}); the served model's own "
+                     "reasoning is not what is measured")
+    elif not obs.engine.reasons:
         notes.append(f"{obs.engine.profile}: the model is far too small to reason, so this plan "
                      "demonstrates the method, not the effect of compaction")
     if not capacity:

@@ -118,8 +118,8 @@ def hostile(ctx: Context) -> list[FaultResult]:
         fake.script([reply for _, reply in steps])
         run = "hostile"
         code, output = run_bench_process(bench_argv(
-            "--run-id", run, "--arms", "clean", "--blocks", "2", "--step-limit",
-            str(len(steps) - 1), base_url=fake.server_url), ctx, timeout_s=600)
+            f"run_id={run}", "arms=clean", "blocks=2", f"step_limit={len(steps) - 1}",
+            base_url=fake.server_url), ctx, timeout_s=600)
         bodies = fake.requests()
     wire = json.dumps(bodies)
     run_files = "".join(p.read_text(errors="replace") for p in ctx.run_dir(run).rglob("*")

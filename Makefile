@@ -44,7 +44,8 @@ help:
 	@echo "make kernels [BASE_URL=...]  |  make kernels-gpu   measured device costs"
 	@echo "make faults [ONLY=...] [JOBS=3]    every fault row injected, records lost per row"
 	@echo "make bench-client  |  make bench-redaction   the suite's own parts, measured"
-	@echo "make test  (test-unit, test-e2e, test-integration)  |  make lint  |  make docs"
+	@echo "make test: every tier (test-unit: one process, test-e2e: processes and the fake engine,"
+	@echo "           test-integration: the real vLLM CPU server)  |  make lint  |  make docs"
 
 install: $(STAMP)
 
@@ -127,7 +128,7 @@ test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit: install
-	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not e2e and not integration" $(PYTEST_ARGS)
 
 test-e2e: install
 	$(PY) -m pytest -m "e2e and not integration" $(PYTEST_ARGS)

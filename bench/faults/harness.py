@@ -121,6 +121,7 @@ class BenchProcess:
             with self._changed:
                 self.lines.append(line.rstrip("\n"))
                 self._changed.notify_all()
+        self.process.stdout.close()  # at its end: no pipe left for the garbage collector
         with self._changed:
             self._changed.notify_all()
 

@@ -179,6 +179,7 @@ class StreamClient:
         # The request being sent, so a caller interrupted mid-request (a greenlet killed when
         # locust stops) can still record what had arrived: `partial()`.
         self._current: _Stream | None = None
+        self._cut: _Stream | None = None  # a request a greenlet kill or Ctrl-C cut mid-way
         self._aborted: str | None = None
         with _LIVE_LOCK:
             _LIVE.add(self)
@@ -202,8 +203,11 @@ class StreamClient:
             self._conn = None
 
     def partial(self, error: str) -> Response | None:
-        """What the request in flight had received, as a failed response (None: none)."""
-        current = self._current
+        """What the request in flight had received, as a failed response (None: none). Also
+        the request an exception that is not a transport error (a greenlet killed when the load
+        stops, Ctrl-C) cut out of `send`: its caller records it from its handler."""
+        current = self._current or self._cut
+        self._cut = None
         if current is None:
             return None
         current.status, current.error = "error", error
@@ -270,6 +274,9 @@ class StreamClient:
                        f"after {len(got.chunk_times)} tokens")
         except (OSError, http.client.HTTPException, ValueError, TypeError) as exc:
             self._fail(got, f"{type(exc).__name__} on {request.url}: {exc}".rstrip(": "))
+        except BaseException:  # not the request's failure: kept for `partial`, then re-raised
+            self._cut = got
+            raise
         finally:
             self._current = None
             with _ACTIVITY.lock:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import signal
 import statistics
 import threading
 from collections.abc import Iterator
@@ -121,6 +123,27 @@ def test_abort_from_another_thread_cuts_a_stalled_stream_at_once(fake: FakeProce
     client.close()
     assert ok.status == "ok"  # the client stays usable
     assert client.abort("nothing in flight") is False
+
+
+@pytest.mark.e2e
+def test_a_request_cut_by_an_interrupt_is_still_there_for_its_record(fake: FakeProcess) -> None:
+    """A greenlet killed when the background load stops, or Ctrl-C, leaves `send` with an
+    exception that is not the request's failure; what had arrived stays available to the
+    caller's handler (`partial`), so the cut request goes on record instead of vanishing."""
+    client = StreamClient(read_timeout_s=60)
+    timer = threading.Timer(0.5, os.kill, args=(os.getpid(), signal.SIGINT))
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        client.send(prepare(fake.api_url, {"model": "target", "messages": MESSAGES, "fake": {
+            "stall_after_tokens": 2, "stall_s": 30}}, request_id="interrupted"))
+    cut = client.partial("stopped: the load ended with this request in flight")
+    client.close()
+    assert cut is not None and cut.record.end_s is not None
+    assert cut.record.end_s - cut.record.sent_s < 10.0  # cut at once, not after the stall
+    assert cut is not None and cut.record.request_id == "interrupted"
+    assert cut.record.status == "error" and len(cut.record.chunk_times_s) == 2
+    assert cut.record.error == "stopped: the load ended with this request in flight"
+    assert client.partial("again") is None  # taken once
 
 
 @pytest.mark.e2e

@@ -57,3 +57,20 @@ def test_a_run_without_phases_says_the_split_was_not_recorded(tmp_path: Path) ->
         ArmRecord("dedicated", 1, "clean", "original", "complete", 10.0)])
     text = "\n".join(overhead_lines(harness_overhead(read_run(tmp_path))))
     assert "(n=0)" in text and "not recorded (no phases.jsonl" in text
+
+
+@pytest.mark.parametrize(("side_by_side", "arms_s"), [(True, 9.5), (False, 4.0 + 0.5 + 5.0)])
+def test_the_arms_own_time_counts_rewriting_and_sums_arms_run_one_after_another(
+        tmp_path: Path, side_by_side: bool, arms_s: float) -> None:
+    write_json(tmp_path / "manifest.json", {"run_id": "own", "arms": ["clean", "self"],
+                                             "config": {"side_by_side": side_by_side}})
+    write_records(tmp_path / "blocks.jsonl", [
+        BlockRecord("dedicated", 1, started_s=0.0, ended_s=10.0, released_s=0.0)])
+    write_records(tmp_path / "arms.jsonl", [
+        ArmRecord("dedicated", 1, "clean", "original", "complete", 4.0, rewrite_s=0.0),
+        # the self arm's inline rewriting is its own time, not the harness's
+        ArmRecord("dedicated", 1, "self", "original", "complete", 5.0, rewrite_s=4.5 if
+                  side_by_side else 0.5)])
+    (block,) = harness_overhead(read_run(tmp_path)).blocks
+    assert block.arms_s == pytest.approx(arms_s)
+    assert block.ratio == pytest.approx(10.0 / arms_s)

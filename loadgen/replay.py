@@ -320,7 +320,11 @@ def replay(plan: ReplayPlan, settings: ReplaySettings, *, policy: HistoryPolicy 
     cut = fired.is_set() and (phase == "run" or len(records) < len(plan.turns))
     if cut:  # the limit, not the server: a censored duration, as a live agent's
         error, phase = None, None
-    reported = [r.reasoning_tokens for r in records if r.reasoning_tokens is not None]
+    # The reasoning a replay carries is the recording's (the served model only fills the forced
+    # length): the recorded reasoning tokens of the turns sent, where every one recorded them.
+    recorded = [t.recorded_reasoning_tokens for t in plan.turns[:len(records)]]
+    reasoning = sum(r for r in recorded if r is not None) if records and None not in recorded \
+        else None
     return ReplayResult(
         source=plan.source, arm=plan.arm,
         terminal_status="TimeExceeded" if cut else "TransportError" if phase == "run" else (
@@ -328,8 +332,8 @@ def replay(plan: ReplayPlan, settings: ReplaySettings, *, policy: HistoryPolicy 
         turns=len(records), setup_s=0.0, postfork_s=ended - started - rewrite_s - waited,
         rewrite_s=rewrite_s, started_s=started, ended_s=ended, requests=records,
         first_body=body0, error=error, error_phase=phase,
-        reasoning_tokens=sum(reported) if reported else None,
-        reasoning_source="server-usage" if reported else None, helper_wait_s=waited,
+        reasoning_tokens=reasoning, reasoning_source="recorded" if reasoning is not None else None,
+        helper_wait_s=waited,
         tool_wait_s=tool_s, forced_exact=exact)
 
 

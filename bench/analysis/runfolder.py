@@ -90,7 +90,7 @@ class ArmRecord:
     error_phase: str | None = None  # setup | run | patch | validation | policy | invariant
     protocol: str | None = None  # strict | lenient
     format_errors: int | None = None
-    reasoning_source: str | None = None  # server-usage | tokenizer
+    reasoning_source: str | None = None  # server-usage | tokenizer | recorded (replay)
     rewrite_requests: int | None = None  # compressor requests during the continuation
     rewrite_cache_hits: int | None = None
     rewrite_prompt_tokens: int | None = None

@@ -284,7 +284,8 @@ def build_document(analysis: RunAnalysis, images: Mapping[str, bytes | None]) ->
         "recorded the value and took the same number of postfork turns (the study's "
         "equal-turn pairs); history tokens: the first postfork request's prompt. n counts the "
         "blocks used. Reasoning tokens are the server's usage figure, or for tagged-visible "
-        "reasoning the thoughts counted with the server's tokenizer."))
+        "reasoning the thoughts counted with the server's tokenizer; for replay, the recorded "
+        "turns' own (the served model only fills the forced lengths)."))
     per_block = Section("Per-block records").add(Table(
         ("Regime", "Block", "Start order",
          *(f"{arm_label(analysis, a)} postfork" for a in analysis.arms), "Use"),

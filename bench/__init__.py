@@ -1,2 +1,3 @@
-"""Experiments on a serving stack and their analysis: running blocks and regimes (`run/`),
-analysing run folders (`analysis/`), rendering reports (`report/`)."""
+"""Experiments on a serving stack and their analysis: the run folder's records (`runfolder`),
+running blocks and regimes (`run/`), analysing run folders (`analysis/`), rendering reports
+(`report/`), injected faults (`faults/`)."""

@@ -1,6 +1,6 @@
 """What a run folder offers the planner: its continuations, the engine's limits, its energy.
 
-Read through the bench's own reader (`bench.analysis.runfolder.read_run`), so a damaged line is
+Read through the bench's own reader (`bench.runfolder.read_run`), so a damaged line is
 skipped and counted there, never here. A *continuation* is one arm record: in a sweep, a
 measured one (warm-up and drain continuations are counted, not planned) of the cell's last pass;
 in a regime run, an original attempt of the block's last pass in a block whose load was valid.
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from compaction_bench.bench.analysis.runfolder import ArmRecord, RunRecords, read_run
+from compaction_bench.bench.runfolder import ArmRecord, RunRecords, read_run
 from compaction_bench.common.files import read_jsonl
 from compaction_bench.plan.attribution import Attribution, RequestKey, continuation_requests
 from compaction_bench.transport.request import RequestRecord

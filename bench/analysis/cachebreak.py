@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from compaction_bench.bench.analysis.runfolder import (
+from compaction_bench.bench.runfolder import (
     REFERENCE_ARM,
     RunRecords,
     arm_sort_key,

@@ -12,13 +12,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from compaction_bench.bench.analysis.runfolder import (
+from compaction_bench.bench.analysis.stats import Distribution, counter_delta, distribution
+from compaction_bench.bench.runfolder import (
     MetricSample,
     RunRecords,
     arm_sort_key,
     regime_sort_key,
 )
-from compaction_bench.bench.analysis.stats import Distribution, counter_delta, distribution
 from compaction_bench.transport.client import RequestRecord
 
 BACKGROUND = "background"

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from compaction_bench.bench.analysis.runfolder import (
+from compaction_bench.bench.runfolder import (
     BlockRecord,
     LoadSample,
     MetricSample,

@@ -10,7 +10,7 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from compaction_bench.bench.analysis.runfolder import PhaseRecord, RunRecords
+from compaction_bench.bench.runfolder import PhaseRecord, RunRecords
 
 TARGET_RATIO = 1.1  # a block should last at most 10% longer than its arms' own time
 

@@ -28,7 +28,9 @@ from compaction_bench.bench.analysis.latency import (
 )
 from compaction_bench.bench.analysis.load import BlockLoad, block_loads
 from compaction_bench.bench.analysis.power import Sensitivity, noise_figures
-from compaction_bench.bench.analysis.runfolder import (
+from compaction_bench.bench.analysis.serving import serving_figures
+from compaction_bench.bench.analysis.stats import PairedChange, median_or_none, paired_change
+from compaction_bench.bench.runfolder import (
     REFERENCE_ARM,
     ArmRecord,
     RunRecords,
@@ -36,8 +38,6 @@ from compaction_bench.bench.analysis.runfolder import (
     regime_sort_key,
     sorted_unique,
 )
-from compaction_bench.bench.analysis.serving import serving_figures
-from compaction_bench.bench.analysis.stats import PairedChange, median_or_none, paired_change
 
 POOLED = "pooled"
 BlockKey = tuple[str, int]

@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 
 from compaction_bench.bench.analysis.paired import POOLED, RunAnalysis, comparison_rng
-from compaction_bench.bench.analysis.runfolder import REFERENCE_ARM, ArmRecord
 from compaction_bench.bench.analysis.stats import PairedChange, paired_change
+from compaction_bench.bench.runfolder import REFERENCE_ARM, ArmRecord
 from compaction_bench.common.resampling import bootstrap_interval
 
 HISTORY_SUFFIX = "-history"

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from compaction_bench.bench.analysis.runfolder import RunRecords, arm_sort_key, regime_sort_key
+from compaction_bench.bench.runfolder import RunRecords, arm_sort_key, regime_sort_key
 from compaction_bench.transport.client import RequestRecord
 
 QUANTITIES = ("ttft", "tpot", "itl", "e2el", "e2el_intended")

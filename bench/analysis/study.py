@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from compaction_bench.bench.analysis.runfolder import (
+from compaction_bench.bench.runfolder import (
     ARMS_FILE,
     BLOCKS_FILE,
     MANIFEST_FILE,

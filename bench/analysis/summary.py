@@ -10,8 +10,8 @@ from typing import Any
 
 from compaction_bench.bench.analysis.overhead import harness_overhead
 from compaction_bench.bench.analysis.paired import POOLED, ArmComparison, Comparison, RunAnalysis
-from compaction_bench.bench.analysis.runfolder import REFERENCE_ARM
 from compaction_bench.bench.analysis.stats import PairedChange
+from compaction_bench.bench.runfolder import REFERENCE_ARM
 from compaction_bench.common.resampling import CONFIDENCE, MIN_UNITS_FOR_INTERVAL, RESAMPLES
 
 SUMMARY_SCHEMA_VERSION = 2

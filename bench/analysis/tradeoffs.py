@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 
 from compaction_bench.bench.analysis.paired import BlockStatus, comparison_rng
-from compaction_bench.bench.analysis.runfolder import REFERENCE_ARM, ArmRecord, RunRecords
 from compaction_bench.bench.analysis.stats import PairedChange, median_or_none, paired_change
+from compaction_bench.bench.runfolder import REFERENCE_ARM, ArmRecord, RunRecords
 from compaction_bench.common.files import read_jsonl
 from compaction_bench.common.resampling import bootstrap_interval
 from compaction_bench.transport.client import RequestRecord

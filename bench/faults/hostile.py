@@ -19,7 +19,6 @@ from typing import Any
 
 import psutil
 
-from compaction_bench.bench.analysis.runfolder import read_run
 from compaction_bench.bench.faults.harness import (
     SECRET_VALUE,
     Context,
@@ -29,6 +28,7 @@ from compaction_bench.bench.faults.harness import (
     run_bench_process,
     settle_leftovers,
 )
+from compaction_bench.bench.runfolder import read_run
 from compaction_bench.common.paths import repo_root, tasks_root
 
 SANDBOX_UIDS = range(61000, 62000)  # the sandbox's own users when the bench runs as root

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import psutil
 
-from compaction_bench.bench.analysis.runfolder import read_run
 from compaction_bench.bench.faults.harness import (
     BenchProcess,
     Context,
@@ -32,6 +31,7 @@ from compaction_bench.bench.faults.harness import (
     snapshot,
     verdict,
 )
+from compaction_bench.bench.runfolder import read_run
 from compaction_bench.common.net import free_port
 from compaction_bench.loadgen.fakeprocess import FakeProcess
 

@@ -11,8 +11,8 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from compaction_bench.bench.analysis.runfolder import arm_sort_key
 from compaction_bench.bench.analysis.tradeoffs import Continuation, PolicyComparison
+from compaction_bench.bench.runfolder import arm_sort_key
 
 ALL_PASS, SOME_PASS, NONE_PASS, UNKNOWN = "#2ca02c", "#ff7f0e", "#d62728", "#888888"
 

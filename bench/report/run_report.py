@@ -22,7 +22,6 @@ from compaction_bench.bench.analysis.paired import (
     analyze,
 )
 from compaction_bench.bench.analysis.replay import analyze_replay, identical_arms
-from compaction_bench.bench.analysis.runfolder import REFERENCE_ARM, RunRecords, read_run
 from compaction_bench.bench.analysis.serving import requests_table
 from compaction_bench.bench.analysis.stats import PairedChange
 from compaction_bench.bench.analysis.study import import_study
@@ -41,6 +40,7 @@ from compaction_bench.bench.report.document import (
 from compaction_bench.bench.report.policy_report import policy_sections, policy_summary
 from compaction_bench.bench.report.replay_sections import replay_sections
 from compaction_bench.bench.report.sections import serving_sections, trust_sections
+from compaction_bench.bench.runfolder import REFERENCE_ARM, RunRecords, read_run
 from compaction_bench.common.files import write_bytes_atomic, write_json_atomic, write_text_atomic
 from compaction_bench.common.resampling import CONFIDENCE, MIN_UNITS_FOR_INTERVAL, RESAMPLES
 

@@ -28,7 +28,6 @@ from typing import Any
 
 import numpy as np
 
-from compaction_bench.bench.analysis.runfolder import ArmRecord
 from compaction_bench.bench.run.arm import (
     Arm,
     AttemptContext,
@@ -38,6 +37,7 @@ from compaction_bench.bench.run.arm import (
 )
 from compaction_bench.bench.run.config import REFERENCE, BenchConfig, arm_seed, derived_seed
 from compaction_bench.bench.run.writer import RunWriter
+from compaction_bench.bench.runfolder import ArmRecord
 from compaction_bench.common.timing import Clock, monotonic
 from compaction_bench.histories.agent.chat import ChatModelConfig
 from compaction_bench.histories.agent.continuation import ContinuationResult, continue_history

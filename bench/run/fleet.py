@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from compaction_bench.bench.analysis.runfolder import ArmRecord, BlockRecord
 from compaction_bench.bench.run.arm import Arm
 from compaction_bench.bench.run.block import BlockSettings, run_block
 from compaction_bench.bench.run.config import SWEEP, SweepSettings
 from compaction_bench.bench.run.writer import RunWriter
+from compaction_bench.bench.runfolder import ArmRecord, BlockRecord
 from compaction_bench.common.timing import Clock, monotonic
 from compaction_bench.transport.client import RequestRecord
 

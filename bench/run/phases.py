@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from compaction_bench.bench.analysis.runfolder import PHASES_FILE, SCHEMA_VERSION
+from compaction_bench.bench.runfolder import PHASES_FILE, SCHEMA_VERSION
 from compaction_bench.common.files import append_jsonl
 
 

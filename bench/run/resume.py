@@ -9,16 +9,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from compaction_bench.bench.analysis.runfolder import (
-    BlockRecord,
-    load_manifest,
-    manifest_field,
-    read_run,
-)
 from compaction_bench.bench.run.config import (
     PLACEBO,
     BenchConfig,
     BenchError,
+)
+from compaction_bench.bench.runfolder import (
+    BlockRecord,
+    load_manifest,
+    manifest_field,
+    read_run,
 )
 from compaction_bench.common.paths import histories_root
 from compaction_bench.serve.profile import Profile

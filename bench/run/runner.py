@@ -24,7 +24,6 @@ import numpy as np
 
 from compaction_bench.bench.analysis.load import block_load
 from compaction_bench.bench.analysis.paired import helper_waits
-from compaction_bench.bench.analysis.runfolder import ArmRecord, BlockRecord, read_run
 from compaction_bench.bench.run.arm import Arm
 from compaction_bench.bench.run.block import BlockSettings, run_block
 from compaction_bench.bench.run.config import SWEEP, BenchConfig, default_blocks, regime_users
@@ -35,6 +34,7 @@ from compaction_bench.bench.run.stop import RunStop
 from compaction_bench.bench.run.telemetry import run_telemetry, service_probe
 from compaction_bench.bench.run.watchdog import Watchdog
 from compaction_bench.bench.run.writer import RunWriter
+from compaction_bench.bench.runfolder import ArmRecord, BlockRecord, read_run
 from compaction_bench.loadgen.background import BackgroundLoadError, ServiceProbe
 from compaction_bench.serve.endpoints import is_healthy
 from compaction_bench.serve.profile import Profile

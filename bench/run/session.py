@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
-from compaction_bench.bench.analysis.runfolder import ArmRecord, write_json
 from compaction_bench.bench.run.arm import Arm
 from compaction_bench.bench.run.block import BlockSettings
 from compaction_bench.bench.run.compressors import build_arms, open_compressors
@@ -46,6 +45,7 @@ from compaction_bench.bench.run.resume import (
 from compaction_bench.bench.run.stop import RunStop
 from compaction_bench.bench.run.telemetry import selfcheck
 from compaction_bench.bench.run.writer import RunWriter
+from compaction_bench.bench.runfolder import ArmRecord, write_json
 from compaction_bench.common.errors import ExitCode, SuiteError
 from compaction_bench.common.files import RecordWriteError
 from compaction_bench.histories.agent.chat import ChatModelConfig, config_for_profile

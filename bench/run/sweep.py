@@ -40,7 +40,6 @@ from typing import Any
 
 import numpy as np
 
-from compaction_bench.bench.analysis.runfolder import ArmRecord
 from compaction_bench.bench.run.arm import Arm
 from compaction_bench.bench.run.block import BlockSettings
 from compaction_bench.bench.run.config import SWEEP, BenchConfig
@@ -49,6 +48,7 @@ from compaction_bench.bench.run.session import Session
 from compaction_bench.bench.run.stop import RunStop
 from compaction_bench.bench.run.watchdog import Watchdog
 from compaction_bench.bench.run.writer import RunWriter
+from compaction_bench.bench.runfolder import ArmRecord
 from compaction_bench.common.files import JsonlWriter, read_jsonl
 from compaction_bench.serve.endpoints import ServerEndpoints, is_healthy
 from compaction_bench.serve.profile import Profile

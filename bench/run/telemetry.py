@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from compaction_bench.bench.analysis.runfolder import (
-    write_json,
-)
 from compaction_bench.bench.run.config import (
     BenchConfig,
+)
+from compaction_bench.bench.runfolder import (
+    write_json,
 )
 from compaction_bench.common.files import JsonlWriter
 from compaction_bench.loadgen.background import BackgroundLoad, ServiceProbe

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from compaction_bench.bench.analysis.runfolder import (
+from compaction_bench.bench.runfolder import (
     ArmRecord,
     BlockRecord,
     MetricSample,

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-from compaction_bench.bench.analysis.runfolder import (
+from compaction_bench.bench.runfolder import (
     ArmRecord,
     BlockRecord,
     write_json,

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from compaction_bench.bench.analysis.cachebreak import cache_accounting, kv_block_size
-from compaction_bench.bench.analysis.runfolder import (
+from compaction_bench.bench.runfolder import (
     ArmRecord,
     BlockRecord,
     RequestRecord,

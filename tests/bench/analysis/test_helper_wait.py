@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from compaction_bench.bench.analysis.paired import analyze
-from compaction_bench.bench.analysis.runfolder import (
+from compaction_bench.bench.runfolder import (
     ArmRecord,
     BlockRecord,
     read_run,

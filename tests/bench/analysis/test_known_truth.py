@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from compaction_bench.bench.analysis.paired import analyze
-from compaction_bench.bench.analysis.runfolder import ArmRecord, read_run
 from compaction_bench.bench.analysis.stats import paired_change
+from compaction_bench.bench.runfolder import ArmRecord, read_run
 
 TRUE_CHANGE = -25.0  # ratio 0.75 with symmetric log-noise: the median paired change is -25%
 

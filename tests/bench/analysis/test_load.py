@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from compaction_bench.bench.analysis.load import block_load
-from compaction_bench.bench.analysis.runfolder import LoadSample, MetricSample
+from compaction_bench.bench.runfolder import LoadSample, MetricSample
 from compaction_bench.transport.request import RequestRecord
 
 

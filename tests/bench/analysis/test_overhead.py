@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from compaction_bench.bench.analysis.overhead import TARGET_RATIO, harness_overhead, overhead_lines
-from compaction_bench.bench.analysis.runfolder import (
+from compaction_bench.bench.runfolder import (
     ArmRecord,
     BlockRecord,
     PhaseRecord,

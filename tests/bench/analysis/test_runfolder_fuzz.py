@@ -16,10 +16,10 @@ from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
 from compaction_bench.bench.analysis.paired import analyze
-from compaction_bench.bench.analysis.runfolder import read_run
 from compaction_bench.bench.analysis.summary import build_summary
 from compaction_bench.bench.report.document import to_html, to_markdown
 from compaction_bench.bench.report.run_report import build_document, write_report
+from compaction_bench.bench.runfolder import read_run
 from compaction_bench.common.files import strict
 
 FILES = ("manifest.json", "arms.jsonl", "blocks.jsonl", "requests.jsonl", "metrics.jsonl")
@@ -43,7 +43,7 @@ def pristine(tmp_path_factory: pytest.TempPathFactory,
 
 @pytest.fixture(scope="module")
 def make_run_module(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
-    from compaction_bench.bench.analysis.runfolder import (  # the synthetic writer's records
+    from compaction_bench.bench.runfolder import (  # the synthetic writer's records
         ArmRecord,
         BlockRecord,
         MetricSample,

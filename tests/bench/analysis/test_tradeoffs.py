@@ -8,7 +8,9 @@ import json
 from pathlib import Path
 
 from compaction_bench.bench.analysis.paired import analyze, comparison_rng
-from compaction_bench.bench.analysis.runfolder import (
+from compaction_bench.bench.analysis.tradeoffs import compare_policies, success_change
+from compaction_bench.bench.report.run_report import write_report
+from compaction_bench.bench.runfolder import (
     ArmRecord,
     BlockRecord,
     RequestRecord,
@@ -16,8 +18,6 @@ from compaction_bench.bench.analysis.runfolder import (
     write_json,
     write_records,
 )
-from compaction_bench.bench.analysis.tradeoffs import compare_policies, success_change
-from compaction_bench.bench.report.run_report import write_report
 
 BLOCKS = 4
 

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from compaction_bench.bench.analysis.runfolder import ArmRecord, write_records
 from compaction_bench.bench.run.config import BenchConfig, SweepSettings
 from compaction_bench.bench.run.fleet import continuation_block
 from compaction_bench.bench.run.sweep import SWEEP_FILE, finished_cells
+from compaction_bench.bench.runfolder import ArmRecord, write_records
 from compaction_bench.common.files import JsonlWriter
 
 

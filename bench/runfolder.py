@@ -1,5 +1,6 @@
 """The raw records of a run folder (line schema 2; schema-1 lines still read) and how they are
-read and written.
+read and written: the one schema that the run (bench/run, which writes it) and the analysis
+(bench/analysis, which reads it) both import.
 
 A run folder `results/<run-id>/` holds `manifest.json`, `arms.jsonl`, `requests.jsonl`,
 `metrics.jsonl` and `blocks.jsonl`; `bench/analysis/summary_schema.md` documents every field.

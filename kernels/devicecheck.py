@@ -7,7 +7,7 @@ weights, no network), in a few minutes on an H200:
    shapes, bf16 and fp8, held against the GPU's row of kernels/limits.toml;
 2. the entropy benchmark: fused Triton kernel vs the unfused PyTorch version and the chunked
    reference, at three vocabulary sizes (kernels/entropy.py);
-3. ten seconds of the bench's NVML sampler (`loadgen.gpu.GpuSampler`) around a bf16 matmul
+3. ten seconds of the bench's NVML sampler (`serve.gpu.GpuSampler`) around a bf16 matmul
    loop: what it recorded goes into the results, so that code meets a real GPU once;
 and writes `kernels/results/<gpu>__micro__torch-<version>.json` (kernels/SCHEMA.md).
 On a machine without a CUDA GPU it ends with one line saying so and exit code 3.
@@ -59,7 +59,7 @@ def telemetry_around_matmul(seconds: float, say: Any) -> dict[str, Any]:
     """The NVML sampler for `seconds`: idle 1 s, a bf16 8192^3 matmul loop, idle 1 s."""
     import torch
 
-    from compaction_bench.loadgen.gpu import GpuSampler
+    from compaction_bench.serve.gpu import GpuSampler
 
     device = torch.device("cuda")
     a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
@@ -90,7 +90,7 @@ def telemetry_around_matmul(seconds: float, say: Any) -> dict[str, Any]:
     flops = 2.0 * 8192**3 * count / elapsed
     say(f"[telemetry] {len(rows)} NVML rows over {seconds:.0f} s around {count} bf16 8192^3 "
         f"matmuls ({flops / 1e12:.0f} TFLOP/s); sampler enabled={enabled}")
-    return {"sampler": "compaction_bench.loadgen.gpu.GpuSampler", "interval_s": 0.5,
+    return {"sampler": "compaction_bench.serve.gpu.GpuSampler", "interval_s": 0.5,
             "seconds": seconds,
             "enabled": enabled, "reason": reason, "samples": rows,
             "matmul_loop": {"n": 8192, "dtype": "bf16", "count": count, "began_s": loop_began,

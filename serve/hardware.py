@@ -2,7 +2,7 @@
 through NVML (nvidia-ml-py). No GPU is not an error.
 
 This is the one place the suite opens NVML: the launcher's engine check and the manifest's
-hardware (`detect_gpus`, `describe_host`), the bench's GPU telemetry (`loadgen.gpu`, through
+hardware (`detect_gpus`, `describe_host`), the bench's GPU telemetry (`serve.gpu`, through
 `open_nvml` / `close_nvml`, held open while it samples) and the GPU device check's driver
 version (`kernels.devicecheck`). A stand-in for the library may be passed wherever NVML is
 opened (the tests of the sampler do).

@@ -150,8 +150,8 @@ class Sweep:
         assert session.settings is not None
         try:
             with ExitStack() as stack:
-                from compaction_bench.loadgen.gpu import GpuSampler
                 from compaction_bench.loadgen.metrics import MetricsSampler
+                from compaction_bench.serve.gpu import GpuSampler
 
                 sampler = stack.enter_context(MetricsSampler(
                     session.url, session.run_dir / "metrics.jsonl", origin=session.origin))

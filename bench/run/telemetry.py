@@ -70,7 +70,7 @@ def run_telemetry(config: BenchConfig, url: str, run_dir: Path, origin: float, u
     any, living exactly as long as the run (started before the first block and steady before
     it begins), with a monitor sampling them."""
     from compaction_bench.loadgen.background import BackgroundConfig, ReplayOptions
-    from compaction_bench.loadgen.gpu import GpuSampler
+    from compaction_bench.serve.gpu import GpuSampler
 
     with ExitStack() as stack:
         sampler = stack.enter_context(MetricsSampler(url, run_dir / "metrics.jsonl",

@@ -6,7 +6,7 @@ import types
 from pathlib import Path
 
 from compaction_bench.common.files import read_jsonl
-from compaction_bench.loadgen.gpu import GpuSampler
+from compaction_bench.serve.gpu import GpuSampler
 
 
 def test_no_gpu_writes_one_line_and_samples_nothing(tmp_path: Path) -> None:

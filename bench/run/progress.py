@@ -40,8 +40,11 @@ class Progress:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop the line; safe when it never started (a run that failed before its first
+        block must end with its own error, not this one's)."""
         self._stop.set()
-        self._thread.join(timeout=5)
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
 
     def arm_started(self, arm: str) -> None:
         with self._lock:

@@ -107,3 +107,21 @@ def test_bad_replay_settings_are_one_line(fake: FakeProcess, tmp_path: Path,
     assert done.returncode == ExitCode.USAGE, done.stderr
     errors = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(errors) == 1 and needle in errors[0], done.stderr
+
+
+def test_a_run_file_runs_a_block_and_the_manifest_keeps_the_resolved_settings(
+        fake: FakeProcess, tmp_path: Path) -> None:
+    run_file = tmp_path / "run.toml"
+    run_file.write_text(f'source = "replay"\nprofile = "cpu-tiny"\nbase_url = "{fake.api_url}"\n'
+                        f'selfcheck = false\nblocks = 1\nrecords = ["{RECORDS[1]}"]\n'
+                        'arms = ["clean", "external"]\nrun_id = "from-file"\n')
+    done = subprocess.run(
+        [sys.executable, "-m", "compaction_bench", "bench", "--config", str(run_file), "seed=3"],
+        cwd=repo_root(), capture_output=True, text=True, timeout=600, check=False,
+        env={**os.environ, "COMPBENCH_RESULTS": str(tmp_path)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    manifest = json.loads((tmp_path / "from-file" / "manifest.json").read_text())
+    config = manifest["config"]
+    assert (config["seed"], config["blocks"], config["arms"]) == (3, 1, ["clean", "external"])
+    assert config["records"] == [RECORDS[1]] and config["cache"] == "isolated"  # resolved
+    assert len(lines(tmp_path / "from-file" / "arms.jsonl")) == 2

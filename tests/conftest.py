@@ -9,13 +9,16 @@ integration is marked integration. A unit test that starts a process fails, nami
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing.process
 import multiprocessing.util
 import os
 import platform
 import subprocess
 import tempfile
+import threading
 from collections.abc import Callable, Generator, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +26,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from compaction_bench.common.net import free_port
+from compaction_bench.loadgen.fakeserver import FakeConfig, FakeServer
 from compaction_bench.serve.endpoints import is_healthy
 from compaction_bench.serve.launcher import Server, ServerConfig
 from compaction_bench.serve.profile import load_profile
@@ -198,3 +202,36 @@ def cpu_server() -> Iterator[Server]:
         server = _start_session_server()
     server.wait_ready()
     yield server
+
+
+FakeInThread = Callable[[FakeConfig], AbstractContextManager[str]]
+
+
+@contextmanager
+def _fake_in_thread(config: FakeConfig) -> Iterator[str]:
+    ready = threading.Event()
+    held: dict[str, Any] = {}
+
+    async def serve() -> None:
+        server = FakeServer(config)
+        held["port"] = await server.start()
+        held["loop"], held["stop"] = asyncio.get_running_loop(), asyncio.Event()
+        ready.set()
+        await held["stop"].wait()
+        await server.stop()
+
+    thread = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
+    thread.start()
+    assert ready.wait(timeout=10)
+    try:
+        yield f"http://127.0.0.1:{held['port']}/v1"
+    finally:
+        held["loop"].call_soon_threadsafe(held["stop"].set)
+        thread.join(timeout=10)
+
+
+@pytest.fixture
+def fake_in_thread() -> FakeInThread:
+    """The fake engine on an event loop in a thread of this process (so unit tests may use it:
+    no process): `with fake_in_thread(FakeConfig(...)) as api_url: ...`."""
+    return _fake_in_thread

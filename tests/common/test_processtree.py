@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from compaction_bench.common.processtree import group_members, stop_tree
+from compaction_bench.common.processtree import alive, group_members, stop_tree
 
 pytestmark = pytest.mark.e2e
 
@@ -42,24 +42,13 @@ def _start(mode: str) -> tuple[subprocess.Popen[str], list[psutil.Process]]:
     return root, [psutil.Process(p) for p in pids]
 
 
-def _running(procs: list[psutil.Process]) -> list[psutil.Process]:
-    out = []
-    for p in procs:
-        try:
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
-        except psutil.NoSuchProcess:
-            pass
-    return out
-
-
 def test_the_whole_tree_goes_sigterm_first_then_sigkill_after_the_grace() -> None:
     root, (child, away) = _start("wait")
     started = time.monotonic()
     code = stop_tree(root, grace_s=1.0)
     took = time.monotonic() - started
     assert code == -signal.SIGTERM  # the root took the SIGTERM
-    assert not _running([child, away])  # `away` ignored it and left the group: killed anyway
+    assert not alive([child, away])  # `away` ignored it and left the group: killed anyway
     assert 1.0 <= took < 15.0  # it waited out the grace for the deaf one
     assert not group_members(root.pid)
     assert stop_tree(root, grace_s=1.0) == code  # idempotent: nothing left to signal
@@ -69,15 +58,15 @@ def test_no_grace_kills_at_once() -> None:
     root, procs = _start("wait")
     started = time.monotonic()
     assert stop_tree(root, grace_s=0) == -signal.SIGKILL
-    assert not _running(procs) and time.monotonic() - started < 10.0
+    assert not alive(procs) and time.monotonic() - started < 10.0
 
 
 def test_a_group_that_outlives_its_reaped_leader_is_stopped() -> None:
     root, (child, away) = _start("exit")
     assert root.wait(timeout=60) == 0  # the leader is gone and reaped; its child runs on
-    assert _running([child]) and group_members(root.pid)
+    assert alive([child]) and group_members(root.pid)
     assert stop_tree(root, grace_s=2.0) == 0
-    assert not _running([child])
-    assert _running([away])  # a session of its own and no longer known: left alone...
+    assert not alive([child])
+    assert alive([away])  # a session of its own and no longer known: left alone...
     stop_tree(away.pid, grace_s=0)  # ...so the test stops it itself, by pid
-    assert not _running([away])
+    assert not alive([away])

@@ -4,12 +4,10 @@ the reasoning-only invariant on wire bodies, and a replay against the fake engin
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
-import threading
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 
 import pytest
 
@@ -17,7 +15,7 @@ from compaction_bench.common.paths import histories_root
 from compaction_bench.histories.format.history import History, load_history
 from compaction_bench.histories.format.invariant import InvariantError
 from compaction_bench.loadgen.background import ReplayOptions
-from compaction_bench.loadgen.fakeserver import FakeConfig, FakeServer
+from compaction_bench.loadgen.fakeserver import FakeConfig
 from compaction_bench.loadgen.replay import (
     REPLAYED,
     ReplayError,
@@ -39,29 +37,10 @@ def branch(arm: str) -> History:
 
 
 @pytest.fixture
-def fake_api() -> Iterator[str]:
-    """The fake engine on an event loop in a thread of this process (replies `max_tokens`
-    tokens long)."""
-    ready = threading.Event()
-    held: dict[str, Any] = {}
-
-    async def serve() -> None:
-        server = FakeServer(FakeConfig(ttft_ms=5, itl_ms=0.2))
-        held["port"] = await server.start()
-        held["loop"], held["stop"] = asyncio.get_running_loop(), asyncio.Event()
-        held["server"] = server
-        ready.set()
-        await held["stop"].wait()
-        await server.stop()
-
-    thread = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
-    thread.start()
-    assert ready.wait(timeout=10)
-    try:
-        yield f"http://127.0.0.1:{held['port']}/v1"
-    finally:
-        held["loop"].call_soon_threadsafe(held["stop"].set)
-        thread.join(timeout=10)
+def fake_api(fake_in_thread: Callable[[FakeConfig], AbstractContextManager[str]]) -> Iterator[str]:
+    """The fake engine in a thread (its replies are `max_tokens` tokens long)."""
+    with fake_in_thread(FakeConfig(ttft_ms=5, itl_ms=0.2)) as url:
+        yield url
 
 
 def test_a_recorded_plan_forces_every_turns_recorded_length() -> None:

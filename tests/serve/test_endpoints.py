@@ -3,15 +3,13 @@ suite's fake engine served in this process, and a port where nothing listens."""
 
 from __future__ import annotations
 
-import asyncio
-import threading
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 
 import pytest
 
 from compaction_bench.common.net import free_port
-from compaction_bench.loadgen.fakeserver import FakeConfig, FakeServer
+from compaction_bench.loadgen.fakeserver import FakeConfig
 from compaction_bench.serve.endpoints import (
     EndpointError,
     ServerEndpoints,
@@ -60,27 +58,9 @@ def test_cache_config_is_the_info_gauge_labels() -> None:
 
 
 @pytest.fixture
-def fake_url() -> Iterator[str]:
-    """The fake engine on an event loop in a thread of this process."""
-    ready = threading.Event()
-    held: dict[str, Any] = {}
-
-    async def serve() -> None:
-        server = FakeServer(FakeConfig(models=("target", "compressor"), max_model_len=4096))
-        held["port"] = await server.start()
-        held["loop"], held["stop"] = asyncio.get_running_loop(), asyncio.Event()
-        ready.set()
-        await held["stop"].wait()
-        await server.stop()
-
-    thread = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
-    thread.start()
-    assert ready.wait(timeout=10)
-    try:
-        yield f"http://127.0.0.1:{held['port']}/v1"
-    finally:
-        held["loop"].call_soon_threadsafe(held["stop"].set)
-        thread.join(timeout=10)
+def fake_url(fake_in_thread: Callable[[FakeConfig], AbstractContextManager[str]]) -> Iterator[str]:
+    with fake_in_thread(FakeConfig(models=("target", "compressor"), max_model_len=4096)) as url:
+        yield url
 
 
 def test_what_the_fake_engine_says_about_itself(fake_url: str) -> None:

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +42,20 @@ def test_policy_arms_run_with_ledgers_and_exact_cache_accounting(cpu_server: Ser
     assert len(salts) == 1  # one salt for the whole run, its own: not the reusable run id
     assert salts.pop().startswith("policies-")
     ledger = [e for e in lines(run / "ledger.jsonl") if e.get("kind") == "policy"]
-    assert {e["policy"] for e in ledger} >= {"delete-all-thinking", "random-30", "keep-latest",
-                                             "entropy", "step-entropy"}
+    # Each step the continuation kept is decided at the next request (keep-latest: the fork's
+    # own turn at the first request after a later step). A turn SmolLM2 answers off-protocol
+    # (a FormatError, e.g. cut at 256 tokens) adds no assistant step, so with format errors an
+    # arm decides fewer steps; without them it decides exactly turns - 1.
+    decided = Counter(e["policy"] for e in ledger)
+    for name in set(ARMS) - {"clean"}:
+        arm = arms[name]
+        assert decided[name] <= arm["turns"] - 1, (name, decided, arm["turns"])
+        if arm["format_errors"] == 0:
+            assert decided[name] == arm["turns"] - 1, (name, decided, arm["turns"])
+    assert sum(decided.values()) > 0
     assert all(e["context"]["phase"] == "continuation" for e in ledger)
-    assert {e["outcome"] for e in ledger if e["policy"] == "entropy"} == {"single-segment"}
+    if decided["entropy"]:
+        assert {e["outcome"] for e in ledger if e["policy"] == "entropy"} == {"single-segment"}
     requests = [r for r in lines(run / "requests.jsonl") if r["source"] in ARMS]
     assert requests and all("kv_prefix" in r["labels"] for r in requests)
     summary = json.loads((run / "summary.json").read_text())

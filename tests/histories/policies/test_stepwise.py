@@ -93,6 +93,23 @@ def test_keep_latest_defers_the_latest_step_then_deletes_it(
     assert [e.outcome for e in policy.edits] == ["deleted", "deleted"]
 
 
+def test_keep_latest_waits_through_a_format_error_turn(
+        make_native: Callable[..., History]) -> None:
+    # mini-swe-agent answers an off-protocol reply with a user message and keeps no assistant
+    # step, so the latest step stays the latest and is not decided yet (the live policy test
+    # counts decisions by this rule)
+    history = make_native("first thoughts", "second thoughts")
+    policy = StepwisePolicy(DeleteRule("keep-latest"), name="keep-latest",
+                            reasoning_mode="native", protocol="tool_calls", defer_latest=True)
+    messages = with_pending(history)
+    policy.prepare(messages)
+    messages.append({"role": "user", "content": "Format error: call exactly one tool."})
+    sent = policy.prepare(messages)
+    assert [m.get("reasoning") for m in sent if m["role"] == "assistant"] == [
+        "", "second thoughts"]
+    assert policy.decided == [2] and [c["new_steps"] for c in policy.calls] == [1, 0]
+
+
 def test_settled_steps_pass_through(make_native: Callable[..., History]) -> None:
     history = make_native("first thoughts", "second thoughts")
     policy = StepwisePolicy(DeleteRule(), name="delete-all-thinking", reasoning_mode="native",

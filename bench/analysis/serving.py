@@ -20,7 +20,6 @@ requests that belong to the regime's blocks:
 from __future__ import annotations
 
 import json
-from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
@@ -43,8 +42,8 @@ def _union_length(spans: Sequence[tuple[float, float]]) -> float:
     return total
 
 
-def _stats(values: Sequence[float], *, with_std: bool) -> dict[str, float | None]:
-    data = np.asarray(values, dtype=float) * 1000.0
+def _stats(values: pd.Series, *, with_std: bool) -> dict[str, float | None]:
+    data = values.to_numpy(dtype=float) * 1000.0
     if data.size == 0:
         keys = ("mean", "median", "std", "p90", "p99") if with_std else (
             "mean", "median", "p90", "p99")
@@ -74,40 +73,44 @@ def request_values(request: RequestRecord) -> dict[str, Any]:
     return {"ttft": ttft, "e2el": e2el, "e2el_intended": intended, "tpot": tpot, "itl": gaps}
 
 
-def figures(requests: Sequence[RequestRecord], duration: float) -> dict[str, Any]:
-    """vLLM-named figures of one group of requests over `duration` seconds."""
-    ok = [r for r in requests if r.status == "ok"]
-    values = [request_values(r) for r in ok]
+def figures(rows: pd.DataFrame, duration: float) -> dict[str, Any]:
+    """vLLM-named figures of one group of `requests_table` rows over `duration` seconds."""
+    ok = rows[rows["status"] == "ok"]
     out: dict[str, Any] = {
-        "completed": len(ok), "failed": len(requests) - len(ok), "duration": duration,
-        "total_input_tokens": int(sum(r.prompt_tokens or 0 for r in ok)),
-        "total_output_tokens": int(sum(r.completion_tokens or 0 for r in ok)),
+        "completed": len(ok), "failed": len(rows) - len(ok), "duration": duration,
+        "total_input_tokens": int(ok["prompt_tokens"].fillna(0).sum()),
+        "total_output_tokens": int(ok["completion_tokens"].fillna(0).sum()),
     }
     out["request_throughput"] = len(ok) / duration if duration > 0 else None
     out["output_throughput"] = out["total_output_tokens"] / duration if duration > 0 else None
     out["total_token_throughput"] = ((out["total_input_tokens"] + out["total_output_tokens"])
                                      / duration if duration > 0 else None)
     for quantity in QUANTITIES:
-        if quantity == "itl":
-            sample = [g for v in values for g in v["itl"]]
+        if quantity == "itl":  # every gap between streamed chunks, of every completed request
+            sample = ok["chunk_times_s"].map(np.diff).explode().dropna()
         else:
-            sample = [v[quantity] for v in values if v[quantity] is not None]
+            sample = ok[f"{quantity}_s"].dropna()
         for stat, value in _stats(sample, with_std=quantity != "e2el_intended").items():
             out[f"{stat}_{quantity}_ms"] = value
     return out
 
 
 def serving_figures(records: RunRecords) -> dict[str, dict[str, dict[str, Any]]]:
-    """{regime: {source: figures}} over the requests inside each regime's blocks. A run with no
-    block spans (imported study runs) uses each group's own first send to last end."""
+    """{regime: {source: figures}} over the requests inside each regime's blocks, grouped from
+    the per-request table. A run with no block spans (imported study runs) uses each group's
+    own first send to last end."""
     spans: dict[tuple[str, int], tuple[float, float]] = {
         (b.regime, b.block): (b.started_s, b.ended_s) for b in records.blocks
         if b.started_s is not None and b.ended_s is not None}
-    groups: dict[tuple[str, str], list[RequestRecord]] = defaultdict(list)
-    for request in records.requests:
-        if request.block is None or (spans and (request.regime, request.block) not in spans):
-            continue
-        groups[(request.regime, request.source)].append(request)
+    frame = requests_table(records)
+    inside = frame["block"].notna()
+    if spans:
+        inside &= pd.Series([(r, int(b)) in spans if not pd.isna(b) else False
+                             for r, b in zip(frame["regime"], frame["block"], strict=True)],
+                            index=frame.index, dtype=bool)
+    groups: dict[tuple[str, str], pd.DataFrame] = {
+        (str(regime), str(source)): rows for (regime, source), rows
+        in frame[inside].groupby(["regime", "source"], sort=False, dropna=False)}
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for regime, source in sorted(groups, key=lambda k: (regime_sort_key(k[0]),
                                                         arm_sort_key(k[1]))):
@@ -116,8 +119,8 @@ def serving_figures(records: RunRecords) -> dict[str, dict[str, dict[str, Any]]]
         if regime_spans:
             duration = _union_length(regime_spans)
         else:
-            ends = [r.end_s for r in rows if r.end_s is not None]
-            duration = (max(ends) - min(r.sent_s for r in rows)) if ends else 0.0
+            ends = rows["end_s"].dropna()
+            duration = float(ends.max() - rows["sent_s"].min()) if len(ends) else 0.0
         out.setdefault(regime, {})[source] = figures(rows, duration)
     return out
 

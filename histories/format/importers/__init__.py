@@ -7,7 +7,16 @@
 - mini-swe-agent 1.x trajectories, "mini-swe-agent-1" (`import_minisweagent_v1`);
 - SWE-agent `.traj` (`import_swe_agent`);
 - plain OpenAI message lists (`import_openai_messages`);
-- the study's continuation records (`import_study_record`, two arms per record).
+- the study's continuation records (`import_study_record`, two arms per record);
+- OpenHands event streams (`openhands.py`);
+- Claude Code session logs, JSON Lines (`claudecode.py`);
+- Codex CLI session rollouts, JSON Lines (`codex.py`);
+- request/response logs, one OpenAI request and its response per line (`requestlog.py`): the
+  one format that keeps per-turn usage and wall time, so its import is a replay source.
+
+Anything else is refused as "unrecognized format" with the list of `FORMATS`, never read as
+one of them by accident: a JSON list is an OpenAI message list only when every item has a
+`role`.
 
 Fork selection: a fork the source marks (our files, our exports, study records) is used, and a
 different `fork=` is refused; otherwise `fork=` picks the assistant message index, and the default
@@ -17,8 +26,15 @@ is the last assistant turn with an action. Messages after the fork are kept in `
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from compaction_bench.histories.format.history import History, parse_json_file, refusal
+from compaction_bench.histories.format.history import History, refusal
+from compaction_bench.histories.format.importers.claudecode import (
+    claude_code_from_data,
+    is_claude_code_log,
+)
+from compaction_bench.histories.format.importers.codex import codex_from_data, is_codex_rollout
+from compaction_bench.histories.format.importers.jsonlines import read_source
 from compaction_bench.histories.format.importers.minisweagent import (
     V1_FORMAT,
     V2_FORMAT,
@@ -27,6 +43,14 @@ from compaction_bench.histories.format.importers.minisweagent import (
     import_openai_messages,
     minisweagent_from_data,
     openai_messages_from_data,
+)
+from compaction_bench.histories.format.importers.openhands import (
+    is_openhands_events,
+    openhands_from_data,
+)
+from compaction_bench.histories.format.importers.requestlog import (
+    is_request_log,
+    request_log_from_data,
 )
 from compaction_bench.histories.format.importers.study import (
     import_study_record,
@@ -40,6 +64,7 @@ from compaction_bench.histories.format.importers.sweagent import (
 )
 
 __all__ = [
+    "FORMATS",
     "detect_format",
     "import_history",
     "import_minisweagent_v1",
@@ -51,11 +76,37 @@ __all__ = [
 ]
 
 
-def detect_format(data: object) -> str:
-    """Name of the format of parsed JSON: history, study, minisweagent-v2, minisweagent-v1,
-    swe-agent, openai-messages; "unknown" otherwise."""
-    if isinstance(data, list):
+# What `detect_format` names, and how a refusal describes each format to the user.
+FORMATS = {
+    "history": "a compaction-bench history file",
+    "study": "a study continuation record (data/study/records)",
+    "minisweagent-v2": "a mini-swe-agent 2.x trajectory (.traj.json)",
+    "minisweagent-v1": "a mini-swe-agent 1.x trajectory (.traj.json)",
+    "swe-agent": "a SWE-agent .traj",
+    "openai-messages": "an OpenAI message list ([{role, content}, ...] or {messages: [...]})",
+    "openhands": "an OpenHands event stream (a JSON list of events)",
+    "claude-code": "a Claude Code session log (.jsonl)",
+    "codex": "a Codex CLI session rollout (rollout-*.jsonl)",
+    "request-log": "a request/response log (.jsonl, one {request, response} per line)",
+}
+
+
+def _list_format(items: list[Any]) -> str:
+    if items and all(isinstance(m, dict) and "role" in m for m in items):
         return "openai-messages"
+    for name, matches in (("request-log", is_request_log), ("codex", is_codex_rollout),
+                          ("claude-code", is_claude_code_log),
+                          ("openhands", is_openhands_events)):
+        if matches(items):
+            return name
+    return "unknown"
+
+
+def detect_format(data: object) -> str:
+    """Name of the format of a parsed file (a JSON document, or a JSON Lines file as the list of
+    its objects): a key of `FORMATS`, or "unknown"."""
+    if isinstance(data, list):
+        return _list_format(data)
     if not isinstance(data, dict):
         return "unknown"
     if "history_format" in data:
@@ -67,11 +118,28 @@ def detect_format(data: object) -> str:
         return "minisweagent-v2"
     if fmt == V1_FORMAT:
         return "minisweagent-v1"
-    if isinstance(data.get("trajectory"), list) or isinstance(data.get("history"), list):
+    history = data.get("history")
+    if isinstance(history, list) and is_openhands_events(history):
+        return "openhands"  # one instance of an OpenHands evaluation's output
+    if isinstance(data.get("trajectory"), list) or isinstance(history, list):
         return "swe-agent"
     if isinstance(data.get("messages"), list):
         return "openai-messages"
+    if is_request_log([data]):
+        return "request-log"  # a log of one request
     return "unknown"
+
+
+def _shape(data: object) -> str:
+    """A few words on what an unrecognized file holds, for the refusal."""
+    if isinstance(data, list):
+        first = data[0] if data else None
+        if isinstance(first, dict):
+            return f"a list whose first item has keys {sorted(first)[:8]}"
+        return f"a list of {len(data)} items" if data else "an empty list"
+    if isinstance(data, dict):
+        return f"an object with keys {sorted(data)[:8]}"
+    return f"a JSON {type(data).__name__}"
 
 
 def import_history(path: str | Path, *, task: str | None = None, fork: int | None = None,
@@ -83,7 +151,7 @@ def import_history(path: str | Path, *, task: str | None = None, fork: int | Non
     Every refusal is a `HistoryError` naming the file, the message index and the field.
     """
     origin = str(path)
-    data = parse_json_file(path)
+    data = read_source(path)
     kind = detect_format(data)
     if kind == "history":
         history = History.from_json(data, origin=origin)
@@ -106,7 +174,10 @@ def import_history(path: str | Path, *, task: str | None = None, fork: int | Non
         return minisweagent_from_data(data, path, task=task, fork=fork, arm=arm)
     if kind == "swe-agent":
         return sweagent_from_data(data, path, task=task, fork=fork, arm=arm)
-    if kind == "openai-messages":
-        return openai_messages_from_data(data, path, task=task, fork=fork, arm=arm)
-    raise refusal(origin, "unrecognized format (expected a history file, a mini-swe-agent "
-                  "trajectory, a SWE-agent .traj, an OpenAI message list or a study record)")
+    readers = {"openai-messages": openai_messages_from_data, "openhands": openhands_from_data,
+               "claude-code": claude_code_from_data, "codex": codex_from_data,
+               "request-log": request_log_from_data}
+    if kind in readers:
+        return readers[kind](data, path, task=task, fork=fork, arm=arm)
+    raise refusal(origin, f"unrecognized format ({_shape(data)}): expected one of "
+                  + "; ".join(FORMATS.values()))

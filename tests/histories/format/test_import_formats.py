@@ -1,0 +1,267 @@
+"""Formats other agents write, each imported from a real sample of its own project
+(samples/SOURCES.md): OpenHands event streams, Claude Code and Codex CLI session logs, and a
+request/response log (generated from a study record: no public one exists) that replays. Shapes
+the importer does not know are refused as "unrecognized format", never misread."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from compaction_bench.common.paths import repo_root, study_root
+from compaction_bench.histories.format.history import HistoryError, load_history
+from compaction_bench.histories.format.importers import (
+    FORMATS,
+    detect_format,
+    import_history,
+    import_study_record,
+)
+from compaction_bench.histories.format.importers.jsonlines import read_source
+from compaction_bench.loadgen.replay import recorded_plan
+
+SAMPLES = Path(__file__).parent / "samples"
+OPENHANDS = SAMPLES / "openhands" / "wrong_initial_state.json"
+CLAUDE = SAMPLES / "claudecode" / "tool_heavy.jsonl"
+CODEX = SAMPLES / "codex" / "rollout-2026-05-11T11-26-55-019e1625-first-task.jsonl"
+RECORD = "laguna-s-2.1__atcoder-abc400_a__rep-01__seed-1411000"
+REQUEST_LOG = SAMPLES / "requestlog" / f"{RECORD}.clean.jsonl"
+STUDY_FORK = 4  # the record's fork: the last assistant turn of its first recorded request
+
+
+def request_log_lines(record: dict[str, Any], branch: str = "clean") -> list[dict[str, Any]]:
+    """A study record's branch as a request/response log: each recorded turn's exact request,
+    the provider's response (with its usage) and the turn's wall time, one object per line."""
+    return [{"request": t["request"], "response": t["response"],
+             "wall_seconds": t["wall_seconds"]} for t in record["branches"][branch]["turns"]]
+
+
+def write_lines(path: Path, lines: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n"
+                            for line in lines), encoding="utf-8")
+    return path
+
+
+def refused(path: Path, **kwargs: Any) -> str:
+    with pytest.raises(HistoryError) as caught:
+        import_history(path, **kwargs)
+    text = str(caught.value)
+    assert "\n" not in text and text.startswith(str(path)), text
+    return text
+
+
+# --- detection -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("content", "shape"), [
+    # tau-bench's results file: a list of {task_id, reward, info, traj, trial}
+    ([{"task_id": 0, "reward": 1.0, "trial": 0, "info": {"task": {"user_id": "u"}},
+       "traj": [{"role": "system", "content": "policy"}]}], "first item has keys"),
+    ([], "an empty list"),
+    ({"events": []}, "an object with keys ['events']"),
+])
+def test_unknown_shapes_are_unrecognized_not_misread(tmp_path: Path, content: Any,
+                                                     shape: str) -> None:
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(content))
+    text = refused(path)
+    assert "unrecognized format" in text and shape in text and "'role'" not in text
+    assert all(description in text for description in FORMATS.values())
+
+
+def test_each_sample_is_detected_as_its_format() -> None:
+    found = {path.parent.name: detect_format(read_source(path))
+             for path in (OPENHANDS, CLAUDE, CODEX, REQUEST_LOG)}
+    assert found == {"openhands": "openhands", "claudecode": "claude-code", "codex": "codex",
+                     "requestlog": "request-log"}
+    assert detect_format([{"role": "user", "content": "hi"}]) == "openai-messages"
+
+
+def test_a_broken_json_lines_file_names_its_line(tmp_path: Path) -> None:
+    text = CLAUDE.read_text(encoding="utf-8")
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text(text[: len(text) - 40], encoding="utf-8")  # a log cut off mid-write
+    lines = text.count("\n")
+    assert f"line {lines}: broken JSON" in refused(cut)
+    gap = tmp_path / "gap.jsonl"
+    first, rest = text.split("\n", 1)
+    gap.write_text(f"{first}\n\n{rest}", encoding="utf-8")
+    assert "line 2: empty line" in refused(gap)
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"messages": [\n')
+    assert "broken JSON at line 2" in refused(broken)  # a document keeps its own error
+
+
+# --- OpenHands -------------------------------------------------------------------------------
+
+def test_openhands_events_import_with_model_responses_and_usage() -> None:
+    history = import_history(OPENHANDS)
+    full = history.messages + history.continuation
+    assert [m["role"] for m in full] == ["user", *["assistant", "tool"] * 3, "assistant"]
+    calls = [m["tool_calls"][0]["function"]["name"] for m in full if m["role"] == "assistant"]
+    assert calls == ["str_replace_editor", "execute_bash", "str_replace_editor", "finish"]
+    assert json.loads(full[3]["tool_calls"][0]["function"]["arguments"])["command"].startswith(
+        "mv /workspace/game_2048.py")
+    events = json.loads(OPENHANDS.read_text())
+    usage = events[1]["tool_call_metadata"]["model_response"]["usage"]
+    assert full[1]["extra"]["usage"] == usage and full[2]["tool_call_id"] == full[1][
+        "tool_calls"][0]["id"]
+    assert history.provenance["model"] == "claude-3-5-sonnet-20241022"
+    assert history.task == "wrong_initial_state" and history.action_protocol == "tool_calls"
+
+
+def test_openhands_evaluation_output_and_environment_events(tmp_path: Path) -> None:
+    events = json.loads(OPENHANDS.read_text())
+    state = {"id": 1, "source": "environment", "observation": "agent_state_changed",
+             "content": "", "extras": {"agent_state": "running"}}
+    path = tmp_path / "output.json"
+    path.write_text(json.dumps({"instance_id": "repo__issue-1",
+                                "history": [events[0], state, *events[1:]]}))
+    history = import_history(path)
+    assert history.task == "repo__issue-1"
+    assert history.provenance["skipped_events"] == {"agent_state_changed": 1}
+    assert len(history.messages + history.continuation) == len(events)
+
+
+# --- Claude Code -----------------------------------------------------------------------------
+
+def test_claude_code_thinking_is_reasoning_and_streamed_lines_are_one_turn() -> None:
+    history = import_history(CLAUDE)
+    full = history.messages + history.continuation
+    assert history.reasoning_mode == "native" and history.tools is None
+    thinking = [m for m in full if m.get("reasoning")]
+    assert len(thinking) == 1 and thinking[0]["reasoning"].startswith(
+        "The user wants me to research why scrolling in xterm.js")
+    # one response streamed over four lines: text, thinking and two tool calls
+    assert [c["function"]["name"] for c in thinking[0]["tool_calls"]] == ["WebSearch", "Glob"]
+    # Read's result was logged between the response's two tool_use lines: still one turn
+    two = next(i for i, m in enumerate(full) if m.get("tool_calls") and len(
+        m["tool_calls"]) == 2 and m["tool_calls"][0]["function"]["name"] == "Read")
+    assert [m["role"] for m in full[two + 1: two + 3]] == ["tool", "tool"]
+    assert history.provenance["skipped_records"] == {"file-history-snapshot": 3,
+                                                     "progress": 10, "queue-operation": 2,
+                                                     "system": 2}
+    assert history.provenance["model"] == "claude-opus-4-6"
+    assert all("usage" not in (m.get("extra") or {}) for m in full)  # not a replay source
+
+
+def test_claude_code_tool_result_without_its_call_is_refused_by_line(tmp_path: Path) -> None:
+    lines = CLAUDE.read_text(encoding="utf-8").splitlines()
+    first_call = next(i for i, text in enumerate(lines) if '"tool_use"' in text)
+    kept = lines[:first_call] + lines[first_call + 1:]
+    path = tmp_path / "resumed.jsonl"
+    path.write_text("\n".join(kept) + "\n")
+    text = refused(path)
+    assert "answers no earlier tool_use" in text and "field 'message.content.tool_use_id'" in text
+    result = next(i for i, entry in enumerate(kept) if '"tool_result"' in entry)
+    assert f": line {result + 1}:" in text
+
+
+# --- Codex CLI -------------------------------------------------------------------------------
+
+def test_codex_rollout_imports_with_its_prompt_calls_and_per_response_usage() -> None:
+    history = import_history(CODEX)
+    full = history.messages + history.continuation
+    assert [m["role"] for m in full] == ["system", "system", "user", "user", "assistant",
+                                         "tool", "assistant", "tool", "assistant"]
+    assert full[0]["content"].startswith("You are Codex")  # base_instructions
+    assert [c["function"]["name"] for m in full for c in m.get("tool_calls", [])] == [
+        "exec_command", "write_stdin"]
+    token_counts = [r["payload"]["info"]["last_token_usage"] for r in read_source(CODEX)
+                    if r["payload"].get("type") == "token_count"]
+    usages = [m["extra"]["usage"] for m in full if m["role"] == "assistant"]
+    assert [u["completion_tokens"] for u in usages] == [t["output_tokens"] for t in token_counts]
+    assert usages[0]["completion_tokens_details"]["reasoning_tokens"] == token_counts[0][
+        "reasoning_output_tokens"]
+    assert history.provenance["encrypted_reasoning_items"] == 1  # present, not readable
+    assert history.provenance["model"] == "gpt-5.5"
+    plan = recorded_plan(history, "codex", "clean")  # per-response usage: a replay source
+    assert [t.completion_tokens for t in plan.turns] == [token_counts[-1]["output_tokens"]]
+
+
+# --- request/response logs -------------------------------------------------------------------
+
+def study_record() -> dict[str, Any]:
+    return json.loads((study_root() / "records" / f"{RECORD}.json").read_text())
+
+
+def test_the_request_log_fixture_is_what_the_helper_writes(tmp_path: Path) -> None:
+    again = write_lines(tmp_path / "again.jsonl", request_log_lines(study_record()))
+    assert again.read_bytes() == REQUEST_LOG.read_bytes()
+
+
+def test_a_request_log_imports_as_the_study_record_it_was_made_from() -> None:
+    history = import_history(REQUEST_LOG, fork=STUDY_FORK)
+    study = import_study_record(study_root() / "records" / f"{RECORD}.json")["clean"]
+    kept = ("role", "content", "reasoning", "tool_calls", "tool_call_id")
+
+    def core(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{k: m[k] for k in kept if k in m} for m in messages]
+
+    assert core(history.messages) == core(study.messages) and history.fork == study.fork
+    assert core(history.continuation) == core(study.continuation)
+    assert history.tools == study.tools
+    for ours, theirs in zip(history.continuation, study.continuation, strict=True):
+        for key in ("usage", "wall_seconds"):
+            assert (ours.get("extra") or {}).get(key) == (theirs.get("extra") or {}).get(key)
+
+
+def test_a_request_log_plans_its_replay_at_the_recorded_lengths() -> None:
+    history = import_history(REQUEST_LOG, fork=STUDY_FORK)
+    plan = recorded_plan(history, "requestlog", "clean")
+    turns = study_record()["branches"]["clean"]["turns"]
+    assert [t.completion_tokens for t in plan.turns] == [
+        t["response"]["usage"]["completion_tokens"] for t in turns]
+    assert [t.recorded_prompt_tokens for t in plan.turns] == [
+        t["response"]["usage"]["prompt_tokens"] for t in turns]
+    assert [t.recorded_wall_s for t in plan.turns] == [t["wall_seconds"] for t in turns]
+    assert plan.tools == turns[0]["request"]["tools"]
+
+
+@pytest.mark.parametrize(("change", "needle"), [
+    (lambda lines: lines[1]["response"].pop("usage"), "line 2: field 'response.usage'"),
+    (lambda lines: lines[1]["request"]["messages"].pop(0),
+     "line 2: field 'request.messages': is not the previous request plus its response"),
+    (lambda lines: lines[0]["response"].update(choices=[]),
+     "line 1: field 'response.choices[0].message'"),
+    (lambda lines: lines[1].update(wall_seconds="2s"), "line 2: field 'wall_seconds'"),
+])
+def test_bad_request_logs_are_refused_naming_line_and_field(
+        tmp_path: Path, change: Any, needle: str) -> None:
+    lines = request_log_lines(study_record())
+    change(lines)
+    assert needle in refused(write_lines(tmp_path / "log.jsonl", lines))
+
+
+@pytest.mark.e2e
+def test_an_imported_request_log_replays_against_the_fake_engine(tmp_path: Path) -> None:
+    """The user's path: `histories import` the log as a replay source's clean.json, then a
+    replay block of it, every turn forced to its recorded length."""
+    from compaction_bench.loadgen.fakeprocess import FakeConfig, FakeProcess
+
+    source = tmp_path / "mylog"
+    imported = subprocess.run(
+        [sys.executable, "-m", "compaction_bench", "histories", "import", str(REQUEST_LOG),
+         str(source / "clean.json"), "--fork", str(STUDY_FORK)],
+        cwd=repo_root(), capture_output=True, text=True, timeout=120, check=False)
+    assert imported.returncode == 0, imported.stderr
+    recorded = [m["extra"]["usage"]["completion_tokens"]
+                for m in load_history(source / "clean.json").continuation
+                if m["role"] == "assistant"]
+    with FakeProcess(FakeConfig(ttft_ms=5, itl_ms=0.5)) as fake:
+        done = subprocess.run(
+            [sys.executable, "-m", "compaction_bench", "bench", "source=replay",
+             "profile=cpu-tiny", f"base_url={fake.api_url}", "selfcheck=0", f"records={source}",
+             "arms=clean", "blocks=1", "run_id=mylog"],
+            cwd=repo_root(), capture_output=True, text=True, timeout=600, check=False,
+            env={**os.environ, "COMPBENCH_RESULTS": str(tmp_path / "results")})
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = tmp_path / "results" / "mylog"
+    arms = [json.loads(x) for x in (run / "arms.jsonl").read_text().splitlines() if x.strip()]
+    assert len(arms) == 1 and arms[0]["terminal_status"] == "Replayed"
+    assert arms[0]["forced_requests"] == arms[0]["forced_exact"] == len(recorded) == 2
+    assert arms[0]["recorded_completion_tokens"] == sum(recorded)

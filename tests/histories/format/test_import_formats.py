@@ -114,6 +114,16 @@ def test_openhands_events_import_with_model_responses_and_usage() -> None:
     assert history.task == "wrong_initial_state" and history.action_protocol == "tool_calls"
 
 
+def test_openhands_usage_makes_the_continuation_replayable() -> None:
+    history = import_history(OPENHANDS, fork=1)  # the first response: three recorded after it
+    events = json.loads(OPENHANDS.read_text())
+    lengths = [e["tool_call_metadata"]["model_response"]["usage"]["completion_tokens"]
+               for e in events if e.get("action") and e["source"] == "agent"]
+    plan = recorded_plan(history, "openhands", "clean")
+    assert [t.completion_tokens for t in plan.turns] == lengths[1:]
+    assert plan.recorded_wall_s is None  # OpenHands logs no response durations
+
+
 def test_openhands_evaluation_output_and_environment_events(tmp_path: Path) -> None:
     events = json.loads(OPENHANDS.read_text())
     state = {"id": 1, "source": "environment", "observation": "agent_state_changed",
@@ -240,7 +250,8 @@ def test_bad_request_logs_are_refused_naming_line_and_field(
 @pytest.mark.e2e
 def test_an_imported_request_log_replays_against_the_fake_engine(tmp_path: Path) -> None:
     """The user's path: `histories import` the log as a replay source's clean.json, then a
-    replay block of it, every turn forced to its recorded length."""
+    replay block of it with clean and a history policy, every turn forced to its recorded
+    length."""
     from compaction_bench.loadgen.fakeprocess import FakeConfig, FakeProcess
 
     source = tmp_path / "mylog"
@@ -256,12 +267,14 @@ def test_an_imported_request_log_replays_against_the_fake_engine(tmp_path: Path)
         done = subprocess.run(
             [sys.executable, "-m", "compaction_bench", "bench", "source=replay",
              "profile=cpu-tiny", f"base_url={fake.api_url}", "selfcheck=0", f"records={source}",
-             "arms=clean", "blocks=1", "run_id=mylog"],
+             "arms=clean,delete-all-thinking", "blocks=1", "run_id=mylog"],
             cwd=repo_root(), capture_output=True, text=True, timeout=600, check=False,
             env={**os.environ, "COMPBENCH_RESULTS": str(tmp_path / "results")})
     assert done.returncode == 0, done.stderr[-3000:]
     run = tmp_path / "results" / "mylog"
     arms = [json.loads(x) for x in (run / "arms.jsonl").read_text().splitlines() if x.strip()]
-    assert len(arms) == 1 and arms[0]["terminal_status"] == "Replayed"
-    assert arms[0]["forced_requests"] == arms[0]["forced_exact"] == len(recorded) == 2
-    assert arms[0]["recorded_completion_tokens"] == sum(recorded)
+    assert [a["arm"] for a in arms] == ["clean", "delete-all-thinking"]
+    for arm in arms:  # the policy arm: clean's history thinned, clean's recorded turns
+        assert arm["status"] == "complete" and arm["terminal_status"] == "Replayed", arm
+        assert arm["forced_requests"] == arm["forced_exact"] == len(recorded) == 2
+        assert arm["recorded_completion_tokens"] == sum(recorded)

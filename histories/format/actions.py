@@ -9,10 +9,13 @@ untagged fence, and `json` for a decision task's tool call written as text).
 from __future__ import annotations
 
 import re
+from typing import Any
 
 ACTION_FENCE_LANGS = frozenset({"bash", "sh", "shell", "mswea_bash_command", "json", ""})
 FENCE_RE = re.compile(r"```([\w-]*)[ \t]*\n(.*?)\n?```", re.DOTALL)
 THOUGHT_LABEL_RE = re.compile(r"^THOUGHT:[ \t]*")
+# Where an importer keeps the action an agent recorded for a text turn (SWE-agent's `action`).
+RECORDED_ACTION_KEY = "recorded_action"
 # What mini-swe-agent parses a bash action with (its text protocol).
 BASH_ACTION_REGEX = r"```bash\s*\n(.*?)\n```"
 # What structured outputs force in the text protocol: one THOUGHT line, then one fenced command.
@@ -31,14 +34,41 @@ def action_fences(content: str) -> list[re.Match[str]]:
     return [m for m in FENCE_RE.finditer(content) if m.group(1) in ACTION_FENCE_LANGS]
 
 
-def split_text_action(content: str) -> tuple[str, str] | None:
-    """(thought, command) when `content` holds exactly one fenced action block, else None."""
+def action_fence(content: str, recorded: str | None = None) -> re.Match[str] | None:
+    """The fenced block that holds a text turn's action: where the agent recorded the action it
+    parsed (`recorded`, SWE-agent's `action`), the last action fence whose body is that action
+    (SWE-agent's parser takes the last block; earlier ones are part of the thought); otherwise
+    the only action fence. None when there is no such block, or several and nothing recorded."""
     actions = action_fences(content)
-    if len(actions) != 1:
+    if recorded is not None:
+        wanted = recorded.strip()
+        for match in reversed(actions):
+            if match.group(2).strip() == wanted:
+                return match
+    return actions[0] if len(actions) == 1 else None
+
+
+def split_text_action(content: str, recorded: str | None = None) -> tuple[str, str] | None:
+    """(thought, command) of a text turn (its action block as `action_fence` finds it), else
+    None."""
+    match = action_fence(content, recorded)
+    if match is None:
         return None
-    match = actions[0]
     thought = (content[: match.start()] + content[match.end():]).strip()
     return thought, match.group(2).strip()
+
+
+def recorded_action(message: dict[str, Any]) -> str | None:
+    """The action the agent itself parsed from a text turn, where its log recorded one (an
+    importer keeps it as `extra.recorded_action`)."""
+    extra = message.get("extra")
+    value = extra.get(RECORDED_ACTION_KEY) if isinstance(extra, dict) else None
+    return value if isinstance(value, str) else None
+
+
+def message_text_action(message: dict[str, Any]) -> tuple[str, str] | None:
+    """(thought, command) of a text-protocol message, using its recorded action where present."""
+    return split_text_action(str(message.get("content") or ""), recorded_action(message))
 
 
 def has_final_line(text: str | None) -> bool:

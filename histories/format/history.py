@@ -28,7 +28,8 @@ from typing import Any
 from compaction_bench.common.errors import SuiteError
 from compaction_bench.common.files import RecordWriteError
 from compaction_bench.common.files import write_json_atomic as _write_json
-from compaction_bench.histories.format.actions import split_text_action
+from compaction_bench.histories.format.actions import message_text_action, split_text_action
+from compaction_bench.histories.format.reasoning import block_text
 
 HISTORY_FORMAT = "compaction-bench-history"
 HISTORY_VERSION = 1
@@ -109,25 +110,11 @@ class History:
         return _validate_history_json(data, origin=origin)
 
     def reasoning_blocks(self) -> list[tuple[int, str]]:
-        """(message index, reasoning text) of every assistant turn, in order.
-
-        native: the `reasoning` field ("" when absent). tagged-visible: the visible thought, i.e.
-        the content without the action (for text actions the single fenced action block is cut
-        out and the rest stripped; for tool calls the whole content, stripped).
-        """
-        blocks: list[tuple[int, str]] = []
-        for index, message in enumerate(self.messages):
-            if message.get("role") != "assistant":
-                continue
-            if self.reasoning_mode == "native":
-                blocks.append((index, message.get("reasoning") or ""))
-            elif self.action_protocol == "text":
-                split = split_text_action(message.get("content") or "")
-                text = split[0] if split else (message.get("content") or "").strip()
-                blocks.append((index, text))
-            else:
-                blocks.append((index, (message.get("content") or "").strip()))
-        return blocks
+        """(message index, reasoning block) of every assistant turn, in order, as
+        `histories.format.reasoning.block_text` defines the block ("" where a turn has none)."""
+        return [(index, block_text(message, self.reasoning_mode, self.action_protocol))
+                for index, message in enumerate(self.messages)
+                if message.get("role") == "assistant"]
 
     def content_hash(self) -> str:
         """sha256 of the canonical JSON of messages and fork: identifies what a history sends.
@@ -146,12 +133,13 @@ def message_action(message: dict[str, Any], protocol: str) -> dict[str, Any] | N
     """The action an assistant message requests, or None when it requests none (or several).
 
     tool_calls: exactly one tool call; `command` is the bash command for a `bash` tool and the
-    raw arguments JSON otherwise. text: exactly one fenced action block.
+    raw arguments JSON otherwise. text: exactly one fenced action block, or the block holding the
+    action the agent recorded (`actions.action_fence`).
     """
     if message.get("role") != "assistant":
         return None
     if protocol == "text":
-        split = split_text_action(message.get("content") or "")
+        split = message_text_action(message)
         return {"command": split[1]} if split else None
     calls = message.get("tool_calls") or []
     if len(calls) != 1 or not isinstance(calls[0], dict):
@@ -378,7 +366,7 @@ def _validate_history_json(data: Any, *, origin: str) -> History:
         raise refusal(origin, f"a history file is a JSON object, got {type(data).__name__}")
     if data.get("history_format") != HISTORY_FORMAT:
         hint = (" (it looks like a trajectory or message list: import it with "
-                "`python -m compaction_bench.histories.format.importers FILE OUT.json`)")
+                "`compaction-bench histories import FILE OUT.json`)")
         raise refusal(origin, f"must be {HISTORY_FORMAT!r}, got {data.get('history_format')!r}"
                       + hint, field_name="history_format")
     version = data.get("history_version")

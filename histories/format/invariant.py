@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from compaction_bench.common.errors import SuiteError
-from compaction_bench.histories.format.actions import split_text_action
+from compaction_bench.histories.format.actions import action_fences, split_text_action
 
 _REASONING_PATH = re.compile(r"^messages\[(\d+)\]\.(reasoning|reasoning_content)$")
 _CONTENT_PATH = re.compile(r"^messages\[(\d+)\]\.content$")
@@ -77,10 +77,22 @@ def is_reasoning(path: str, clean: dict[str, Any], arm: dict[str, Any], reasonin
     if reasoning_mode == "native":
         return False  # visible content is not reasoning in native mode
     if protocol == "tool_calls":
-        return True  # the content is the thought; tool calls are compared on their own
-    split_c = split_text_action(messages_c[index].get("content") or "")
-    split_a = split_text_action(messages_a[index].get("content") or "")
-    return split_c is not None and split_a is not None and split_c[1] == split_a[1]
+        # the content of a turn with a tool call is its thought (tool calls are compared on their
+        # own); a turn without one is dialogue, never reasoning (reasoning.block_text)
+        return bool(messages_c[index].get("tool_calls"))
+    action_c = _text_action(messages_c[index].get("content") or "")
+    action_a = _text_action(messages_a[index].get("content") or "")
+    return action_c is not None and action_c == action_a
+
+
+def _text_action(content: str) -> str | None:
+    """A sent text turn's action: its single action block, else its last one (the block an agent
+    such as SWE-agent parsed as the action, which `reasoning.replace_block` keeps last)."""
+    split = split_text_action(content)
+    if split is not None:
+        return split[1]
+    fences = action_fences(content)
+    return fences[-1].group(2).strip() if fences else None
 
 
 def compare_bodies(clean: dict[str, Any], arm: dict[str, Any], *, arm_name: str, task: str,

@@ -1,10 +1,9 @@
 """Reasoning blocks inside assistant messages: find one, name its action, put a record in its
 place without touching anything else.
 
-Where the block is: the `reasoning` field in native mode; in tagged-visible mode the visible
-thought, i.e. the content without its single fenced action (text protocol) or the whole content
-(tool calls), as `History.reasoning_blocks` defines it. mini-swe-agent's `THOUGHT:` label is
-protocol, not reasoning: it is kept out of the compressor and put back in front of the record.
+Where the block is: `block_text`, the one definition (`History.reasoning_blocks` uses it).
+mini-swe-agent's `THOUGHT:` label is protocol, not reasoning: it is kept out of the compressor and
+put back in front of the record.
 """
 
 from __future__ import annotations
@@ -13,8 +12,9 @@ from typing import Any
 
 from compaction_bench.histories.format.actions import (
     THOUGHT_LABEL_RE,
-    action_fences,
-    split_text_action,
+    action_fence,
+    message_text_action,
+    recorded_action,
 )
 
 # --- blocks inside messages --------------------------------------------------------------------
@@ -23,21 +23,28 @@ def action_name(message: dict[str, Any], protocol: str) -> str:
     """The requested action's name: the tool function's name for tool calls (all of them,
     joined, where a turn makes several), `bash` for a text-protocol fenced command, `none`."""
     if protocol == "text":
-        return "bash" if split_text_action(message.get("content") or "") else "none"
+        return "bash" if message_text_action(message) else "none"
     names = [str((call.get("function") or {}).get("name", ""))
              for call in message.get("tool_calls") or [] if isinstance(call, dict)]
     return ",".join(names) if names else "none"
 
 
 def block_text(message: dict[str, Any], reasoning_mode: str, protocol: str) -> str:
-    """An assistant message's reasoning block, as `History.reasoning_blocks` defines it."""
+    """An assistant message's reasoning block (`History.reasoning_blocks` returns these).
+
+    native: the `reasoning` field. tagged-visible: the visible thought, i.e. the content without
+    its action block (text; the block the agent recorded as its action where it did) or the
+    whole content of a turn that makes a tool call. A tool-call-protocol turn without a tool
+    call (a chat agent's reply to its user, a final answer) has no reasoning block: its text is
+    the dialogue itself, so every policy leaves it as it is.
+    """
     if reasoning_mode == "native":
         return str(message.get("reasoning") or "")
     content = str(message.get("content") or "")
     if protocol == "text":
-        split = split_text_action(content)
+        split = message_text_action(message)
         return split[0] if split else content.strip()
-    return content.strip()
+    return content.strip() if message.get("tool_calls") else ""
 
 
 def thought_label(block: str) -> tuple[str, str]:
@@ -61,10 +68,13 @@ def replace_block(message: dict[str, Any], record: str, reasoning_mode: str,
         return new
     content = str(message.get("content") or "")
     if protocol == "text":
-        actions = action_fences(content)
-        if len(actions) != 1:
+        fence = action_fence(content, recorded_action(message))
+        if fence is None:
             raise ValueError("text-protocol message without exactly one action block")
-        new["content"] = f"{record}\n\n{actions[0].group(0)}"
+        new["content"] = f"{record}\n\n{fence.group(0)}"
         return new
+    if not message.get("tool_calls"):
+        raise ValueError("a tool-call-protocol turn without a tool call has no reasoning block "
+                         "(its text is dialogue)")
     new["content"] = record
     return new

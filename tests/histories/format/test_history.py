@@ -180,7 +180,7 @@ def test_wrong_version_names_the_supported_ones(tmp_path: Path) -> None:
 def test_a_trajectory_is_not_a_history_and_the_error_says_how_to_import(tmp_path: Path) -> None:
     message = refused(tmp_path, {"trajectory_format": "mini-swe-agent-1.1", "messages": []})
     assert "field 'history_format'" in message
-    assert "python -m compaction_bench.histories.format.importers" in message
+    assert "`compaction-bench histories import FILE OUT.json`" in message
 
 
 def test_save_refuses_an_invalid_history_and_writes_nothing(tmp_path: Path) -> None:

@@ -1,8 +1,8 @@
 """Bootstrap resampling, in one place: how resamples are drawn, how an interval is read from
 them, and the small-sample quantile estimates the capacity plan resamples.
 
-One convention for every interval the suite reports (the bench's paired changes and policy
-trade-offs, the plan's capacity, break-even and cost figures): a percentile bootstrap that
+One convention for every bootstrap interval the suite reports (the bench's paired success
+differences, the plan's capacity, break-even and cost figures): a percentile bootstrap that
 draws whole units with replacement (a block of the bench, a continuation of a sweep level, a
 matched pair of the plan), `RESAMPLES` resamples unless the caller says otherwise, and the
 central `CONFIDENCE` (95%) interval of the resampled statistic. Its ends are order statistics
@@ -10,7 +10,10 @@ of the sorted resamples, rounded outwards (no interpolation): a resample with no
 (no break-even, a curve that never reaches the SLO) is +inf, and an end that falls among
 infinite resamples is infinite instead of an interpolation between a finite value and
 infinity. Below `MIN_UNITS_FOR_INTERVAL` units no interval is given: with two blocks the
-bootstrap distribution of a median has at most three distinct values.
+bootstrap distribution of a median has at most three distinct values. The bench's paired
+medians do not use it: a percentile bootstrap of a median from 3-5 blocks collapses onto the
+sample's range and covers far less than 95%, so they take the distribution-free order-statistic
+interval of `bench.analysis.stats` (exact coverage, none below 6 blocks).
 
 Randomness comes in as a seeded `numpy.random.Generator`; nothing here seeds anything. Every
 draw is one vectorized (resamples, n) index draw, so a caller's stream of random numbers, and

@@ -4,7 +4,8 @@ Block selection follows the design's protocol rules. The primary analysis uses c
 blocks only: every expected arm has exactly one original record and it completed. The sensitivity
 analysis replaces a failed original arm with its first complete recovery run; it is reported beside
 the primary one and never mixed into it. Each paired figure compares an arm with `clean` inside
-the same block, and its interval resamples whole blocks (see `bench.analysis.stats`).
+the same block, and its interval is the distribution-free interval of a median over blocks (see
+`bench.analysis.stats`).
 """
 
 from __future__ import annotations
@@ -262,7 +263,6 @@ def _paired(
     chosen: Sequence[Mapping[str, ArmRecord]],
     arm: str,
     value: Callable[[ArmRecord], float | None],
-    rng: np.random.Generator,
     *,
     equal_turns: bool = False,
 ) -> PairedChange:
@@ -272,7 +272,7 @@ def _paired(
     # A run whose manifest lists no clean arm has nothing to pair with: n=0, not a KeyError.
     pairs = [(value(b[arm]), value(b[REFERENCE_ARM])) for b in chosen if REFERENCE_ARM in b]
     kept = [(a, c) for a, c in pairs if a is not None and c is not None and c != 0]
-    return paired_change([a for a, _ in kept], [c for _, c in kept], rng)
+    return paired_change([a for a, _ in kept], [c for _, c in kept])
 
 
 def _with_rewrite(record: ArmRecord) -> float | None:
@@ -293,7 +293,6 @@ def compare(
     regimes: Sequence[str],
     blocks: Sequence[BlockStatus],
     arms: Sequence[str],
-    seed: int,
     *,
     sensitivity: bool = False,
 ) -> Comparison:
@@ -307,22 +306,16 @@ def compare(
     for arm in arms:
         if arm == REFERENCE_ARM:
             continue
-        def rng(metric: str, arm: str = arm) -> np.random.Generator:
-            return comparison_rng(seed, name, arm, metric)
-
         results[arm] = ArmComparison(
             arm=arm,
-            postfork=_paired(chosen, arm, lambda r: r.postfork_s, rng("postfork")),
-            with_rewrite=_paired(chosen, arm, _with_rewrite, rng("with_rewrite")),
-            with_fork_rewrite=_paired(chosen, arm, _with_fork_rewrite,
-                                      rng("with_fork_rewrite")),
-            reasoning_tokens=_paired(
-                chosen, arm, lambda r: r.reasoning_tokens, rng("reasoning_tokens"),
-                equal_turns=True),
-            completion_tokens=_paired(
-                chosen, arm, lambda r: r.completion_tokens, rng("completion_tokens"),
-                equal_turns=True),
-            history_tokens=_paired(chosen, arm, lambda r: r.history_tokens, rng("history_tokens")),
+            postfork=_paired(chosen, arm, lambda r: r.postfork_s),
+            with_rewrite=_paired(chosen, arm, _with_rewrite),
+            with_fork_rewrite=_paired(chosen, arm, _with_fork_rewrite),
+            reasoning_tokens=_paired(chosen, arm, lambda r: r.reasoning_tokens,
+                                     equal_turns=True),
+            completion_tokens=_paired(chosen, arm, lambda r: r.completion_tokens,
+                                      equal_turns=True),
+            history_tokens=_paired(chosen, arm, lambda r: r.history_tokens),
         )
     clean = [b[REFERENCE_ARM] for b in chosen] if REFERENCE_ARM in arms else []
     return Comparison(
@@ -368,8 +361,8 @@ def analyze(records: RunRecords, *, seed: int = 0) -> RunAnalysis:
     sensitivity: dict[str, Comparison] = {}
     groups = [(r, (r,)) for r in regimes] + ([(POOLED, pooled)] if pooled else [])
     for name, members in groups:
-        primary[name] = compare(name, members, blocks, arms, seed)
-        sensitivity[name] = compare(name, members, blocks, arms, seed, sensitivity=True)
+        primary[name] = compare(name, members, blocks, arms)
+        sensitivity[name] = compare(name, members, blocks, arms, sensitivity=True)
     return RunAnalysis(
         records=records,
         seed=seed,
@@ -385,8 +378,15 @@ def analyze(records: RunRecords, *, seed: int = 0) -> RunAnalysis:
         cache_check=cache_checks(records),
         max_waiting=max_waiting(records),
         serving=serving_figures(records),
-        noise=noise_figures(_changes_by_arm(primary), seed=seed),
+        noise=noise_figures(_changes_by_arm(primary), _sizes(primary), seed=seed),
     )
+
+
+def _sizes(primary: Mapping[str, Comparison]) -> set[int]:
+    """The n of every primary postfork comparison: the sizes whose false-positive rate the
+    report prints."""
+    return {found.postfork.n for comparison in primary.values()
+            for found in comparison.arms.values()}
 
 
 def _changes_by_arm(primary: Mapping[str, Comparison]) -> dict[str, list[float]]:

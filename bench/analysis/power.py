@@ -8,30 +8,57 @@ other arms' paired changes by a robust estimate (1.4826 x the median absolute de
 log ratios around each arm's median), else 0.1.
 
 - False positives: `false_positive_rate` draws `reps` runs of n blocks with no effect and counts
-  how often the interval the analysis reports (`bench.analysis.stats.paired_change`, 95% percentile
-  bootstrap of the median, here with `resamples` resamples) excludes 0.
-- Power: the sample median of n paired changes has a standard error of about
-  1.2533 * sigma / sqrt(n) (its asymptotic efficiency against the mean under normal noise), so a
-  two-sided 95% interval excludes 0 with probability 0.8 once
-  n = ((1.96 + 0.8416) * 1.2533 * sigma / log(1 + effect))^2. A test checks this against the
-  simulation.
+  how often the interval the analysis reports (`bench.analysis.stats.paired_change`, the
+  order-statistic interval of the median) excludes 0, at each n the run's own comparisons have.
+  Below the n where a 95% interval exists none is reported; there the simulation measures the
+  near miss, [min, max], so the report can say what printing it would have cost. The exact rate
+  (1 - the interval's coverage) is given beside the measured one: they differ by simulation
+  error only, and a larger gap means the analysis does not compute what the statistics say.
+- Power, exactly under the noise model: the order-statistic interval [x(k), x(n-k+1)] lies
+  above 0 when fewer than k of the n changes are <= 0, and each is with probability
+  q = Phi(-log(1 + effect) / sigma), so a change is detected with probability
+  P(Binomial(n, q) <= k-1) + P(Binomial(n, 1-q) <= k-1) (a sign test). `blocks_for_power` is the
+  smallest n where that reaches 80%; the interval's conservative coverage at a given n (96.9-99.6%
+  where 95% is asked) makes it larger than a normal approximation of the median's spread would
+  say. A test checks it against the simulation.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.stats import binom, norm
 
-from compaction_bench.common.resampling import MIN_UNITS_FOR_INTERVAL, bootstrap_interval
+from compaction_bench.bench.analysis.stats import (
+    MIN_BLOCKS_FOR_MEDIAN_INTERVAL,
+    median_interval,
+    median_rank,
+    order_coverage,
+)
+from compaction_bench.common.resampling import MIN_UNITS_FOR_INTERVAL
 
-Z_95 = 1.959964
-Z_80 = 0.841621
-MEDIAN_SE_FACTOR = 1.2533  # sqrt(pi / 2)
+POWER = 0.8
+MAX_BLOCKS = 10_000  # a search bound: beyond it "blocks for power" is not a useful figure
 DEFAULT_SIGMA = 0.1
-FPR_BLOCKS = (5, 25)
+
+
+@dataclass(frozen=True)
+class FalsePositive:
+    """The false-positive rate at one of the run's n: measured over `reps` null runs, and exact.
+
+    `reported` is False below MIN_BLOCKS_FOR_MEDIAN_INTERVAL, where the analysis prints no
+    interval and the rate is that of [min, max] (the near miss), not of anything printed."""
+
+    n: int
+    rate: float
+    exact: float
+    reported: bool
+
+    def to_json(self) -> dict[str, object]:
+        return {"rate": self.rate, "exact": self.exact, "interval_reported": self.reported}
 
 
 @dataclass(frozen=True)
@@ -41,14 +68,15 @@ class Sensitivity:
     sigma: float
     sigma_source: str  # placebo | arms | default
     sigma_n: int
-    false_positive: dict[int, float]  # blocks -> share of null runs whose interval excludes 0
+    false_positive: dict[int, FalsePositive]  # this run's blocks per comparison -> its rate
     false_positive_reps: int
-    blocks_for: dict[float, int]  # relative change (0.10, 0.25) -> blocks for 80% power
+    blocks_for: dict[float, int | None]  # relative change (0.10, 0.25) -> blocks for 80% power
 
     def to_json(self) -> dict[str, object]:
         return {"sigma": self.sigma, "sigma_source": self.sigma_source, "sigma_n": self.sigma_n,
-                "false_positive": {str(k): v for k, v in self.false_positive.items()},
+                "false_positive": {str(k): v.to_json() for k, v in self.false_positive.items()},
                 "false_positive_reps": self.false_positive_reps,
+                "min_blocks_for_interval": MIN_BLOCKS_FOR_MEDIAN_INTERVAL,
                 "blocks_for_80pct_power": {f"{k:.0%}": v for k, v in self.blocks_for.items()}}
 
 
@@ -76,35 +104,52 @@ def simulate_changes(rng: np.random.Generator, n: int, sigma: float,
     return np.asarray(100.0 * (arm - clean) / clean)
 
 
-def detection_rate(n: int, sigma: float, effect: float, *, reps: int, resamples: int,
-                   seed: int) -> float:
-    """Share of simulated runs whose interval excludes 0 (the false-positive rate at effect 0)."""
+def detection_rate(n: int, sigma: float, effect: float, *, reps: int, seed: int) -> float:
+    """Share of simulated runs whose interval excludes 0 (the false-positive rate at effect 0);
+    below the minimum blocks, of [min, max] (module docstring)."""
     rng = np.random.default_rng([seed, n, int(effect * 1e6)])
     hits = 0
     for _ in range(reps):
-        interval = bootstrap_interval(simulate_changes(rng, n, sigma, effect), rng, "median",
-                                      resamples=resamples)
-        hits += interval is not None and (interval[0] > 0 or interval[1] < 0)
+        interval = median_interval(simulate_changes(rng, n, sigma, effect), widest=True)
+        hits += interval is not None and (interval.low > 0 or interval.high < 0)
     return hits / reps
 
 
-def false_positive_rate(n: int, sigma: float, *, reps: int = 1000, resamples: int = 1000,
-                        seed: int = 0) -> float:
-    return detection_rate(n, sigma, 0.0, reps=reps, resamples=resamples, seed=seed)
+def false_positive_rate(n: int, sigma: float, *, reps: int = 2000, seed: int = 0) -> float:
+    return detection_rate(n, sigma, 0.0, reps=reps, seed=seed)
 
 
-def blocks_for_power(sigma: float, effect: float, power_z: float = Z_80) -> int:
-    """Blocks needed to detect a relative change `effect` with 80% power (module docstring)."""
-    n = ((Z_95 + power_z) * MEDIAN_SE_FACTOR * sigma / abs(math.log1p(effect))) ** 2
-    return max(MIN_UNITS_FOR_INTERVAL, math.ceil(n))
+def false_positive(n: int, sigma: float, *, reps: int, seed: int) -> FalsePositive:
+    """Measured and exact false-positive rate of the interval at n blocks (module docstring)."""
+    k = median_rank(n)
+    return FalsePositive(n=n, rate=false_positive_rate(n, sigma, reps=reps, seed=seed),
+                         exact=1.0 - order_coverage(n, k or 1), reported=k is not None)
 
 
-def noise_figures(changes_pct: Mapping[str, Sequence[float]], *, seed: int = 0,
-                reps: int = 500) -> Sensitivity:
+def detection_probability(n: int, sigma: float, effect: float) -> float:
+    """Exact probability that the interval at n blocks excludes 0 (module docstring)."""
+    k = median_rank(n)
+    if k is None or sigma <= 0:
+        return 0.0 if k is None else 1.0
+    q = float(norm.cdf(-math.log1p(effect) / sigma))
+    return float(binom.cdf(k - 1, n, q) + binom.cdf(k - 1, n, 1.0 - q))
+
+
+def blocks_for_power(sigma: float, effect: float, power: float = POWER) -> int | None:
+    """The fewest blocks detecting a relative change `effect` with `power` (module docstring);
+    None when even MAX_BLOCKS would not."""
+    return next((n for n in range(MIN_BLOCKS_FOR_MEDIAN_INTERVAL, MAX_BLOCKS)
+                 if detection_probability(n, sigma, effect) >= power), None)
+
+
+def noise_figures(changes_pct: Mapping[str, Sequence[float]], blocks: Iterable[int], *,
+                  seed: int = 0, reps: int = 2000) -> Sensitivity:
+    """The run's noise, the false-positive rate at each n in `blocks` (the sizes of the run's
+    own comparisons) and the blocks needed for 80% power."""
     sigma, source, count = noise_sigma(changes_pct)
     return Sensitivity(
         sigma=sigma, sigma_source=source, sigma_n=count,
-        false_positive={n: false_positive_rate(n, sigma, reps=reps, seed=seed)
-                        for n in FPR_BLOCKS},
+        false_positive={n: false_positive(n, sigma, reps=reps, seed=seed)
+                        for n in sorted({n for n in blocks if n > 0})},
         false_positive_reps=reps,
         blocks_for={effect: blocks_for_power(sigma, effect) for effect in (0.10, 0.25)})

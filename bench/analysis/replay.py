@@ -12,8 +12,8 @@ and lengths), per block b
     history_b      = 100 (A-history_b - clean_b) / clean_b
     continuation_b = 100 (A_b - A-history_b) / clean_b      (= total_b - history_b)
 
-each reported as its median over blocks with the suite's block-bootstrap interval
-(`common.resampling`). Medians do not add up exactly, so each part is its own paired statistic.
+each reported as its median over blocks with its distribution-free interval (order statistics,
+`bench.analysis.stats`). Medians do not add up exactly, so each part is its own paired statistic.
 
 Arms that run side by side share the engine's batches: while clean prefills its longer
 history, every arm's decode steps wait for it, so a history-only arm whose outputs are as long
@@ -30,10 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from compaction_bench.bench.analysis.paired import POOLED, RunAnalysis, comparison_rng
-from compaction_bench.bench.analysis.stats import PairedChange, paired_change
+from compaction_bench.bench.analysis.paired import POOLED, RunAnalysis
+from compaction_bench.bench.analysis.stats import PairedChange, median_interval, paired_change
 from compaction_bench.bench.runfolder import REFERENCE_ARM, ArmRecord
-from compaction_bench.common.resampling import bootstrap_interval
 
 HISTORY_SUFFIX = "-history"
 
@@ -127,17 +126,14 @@ def _split(analysis: RunAnalysis, regime: str, arm: str, twin: str) -> Split | N
         return None
     recorded, history, clean = (list(column) for column in zip(*rows, strict=True))
     parts = 100.0 * (np.asarray(recorded) - np.asarray(history)) / np.asarray(clean)
-    interval = bootstrap_interval(parts, comparison_rng(analysis.seed, regime, arm, "split"),
-                                  "median")
+    interval = median_interval(parts)
     return Split(
         regime=regime, arm=arm, twin=twin,
-        total=paired_change(recorded, clean, comparison_rng(analysis.seed, regime, arm,
-                                                            "split-total")),
-        history=paired_change(history, clean, comparison_rng(analysis.seed, regime, twin,
-                                                             "split-history")),
+        total=paired_change(recorded, clean),
+        history=paired_change(history, clean),
         continuation_pct=tuple(float(p) for p in parts),
         continuation_median_pct=float(np.median(parts)),
-        continuation_ci_pct=interval)
+        continuation_ci_pct=(interval.low, interval.high) if interval else None)
 
 
 def analyze_replay(analysis: RunAnalysis) -> ReplayAnalysis | None:

@@ -1,7 +1,19 @@
 """Paired statistics over blocks: percent changes, medians and their intervals, percentiles.
 
-Every function is pure; randomness comes in as a seeded `numpy.random.Generator`. Intervals are
-the suite's one bootstrap convention (`common.resampling`), resampling whole blocks.
+Every function is pure. The interval of a median paired change is distribution-free: the order
+statistics [x(k), x(n-k+1)] of the n per-block changes cover the true median with probability
+1 - 2 P(Binomial(n, 1/2) <= k-1), exactly, for any continuous distribution of the changes (and at
+least that with ties), because each block's change falls below the median with probability 1/2
+independently of the others. `median_interval` takes the narrowest such interval (largest k)
+whose coverage is at least `CONFIDENCE` and states that coverage; it replaces the percentile
+bootstrap of a median, whose coverage falls far short with few blocks (the bootstrap distribution
+of a median of 3-5 values collapses onto the sample's range: measured false-positive rates of
+24.9% at 3 blocks, 13.6% at 4, 6.0% at 5, issue 22).
+
+The rule below the minimum: no interval where none reaches `CONFIDENCE`. The widest one, [min,
+max], covers the median with 1 - 2 (1/2)^n: 75% at 3 blocks, 87.5% at 4, 93.75% at 5, 96.9% at 6;
+so a 95% interval exists from `MIN_BLOCKS_FOR_MEDIAN_INTERVAL` = 6 blocks, and below that the
+report names the coverage [min, max] would have had instead of printing it as a 95% interval.
 """
 
 from __future__ import annotations
@@ -11,19 +23,67 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.stats import binom
 
-from compaction_bench.common.resampling import RESAMPLES, bootstrap_interval
+from compaction_bench.common.resampling import CONFIDENCE
 
 PERCENTILES = (50, 90, 99)
+
+
+def order_coverage(n: int, k: int) -> float:
+    """Exact coverage of [x(k), x(n-k+1)] for the median of n independent draws (docstring)."""
+    return float(1.0 - 2.0 * binom.cdf(k - 1, n, 0.5))
+
+
+def median_rank(n: int, confidence: float = CONFIDENCE) -> int | None:
+    """The largest k whose order-statistic interval covers the median with at least
+    `confidence`; None where even [min, max] falls short (fewer than the minimum blocks)."""
+    found = None
+    for k in range(1, n // 2 + 1):
+        if order_coverage(n, k) < confidence:
+            break
+        found = k
+    return found
+
+
+MIN_BLOCKS_FOR_MEDIAN_INTERVAL = next(n for n in range(1, 100) if median_rank(n) is not None)
+
+
+@dataclass(frozen=True)
+class MedianInterval:
+    """[low, high] = [x(k), x(n-k+1)] of n values, covering their median with `coverage`."""
+
+    low: float
+    high: float
+    k: int
+    n: int
+    coverage: float
+
+
+def median_interval(values: Sequence[float] | np.ndarray, confidence: float = CONFIDENCE,
+                    *, widest: bool = False) -> MedianInterval | None:
+    """The distribution-free interval of the median of `values` (module docstring); None below
+    MIN_BLOCKS_FOR_MEDIAN_INTERVAL values, unless `widest` asks for [min, max] there (what a
+    simulation of the rule's near miss measures, never what the report prints as an interval)."""
+    data = np.sort(np.asarray(values, dtype=float))
+    n = int(data.size)
+    k = median_rank(n, confidence)
+    if k is None:
+        if not widest or n == 0:
+            return None
+        k = 1
+    return MedianInterval(low=float(data[k - 1]), high=float(data[n - k]), k=k, n=n,
+                          coverage=order_coverage(n, k))
 
 
 @dataclass(frozen=True)
 class PairedChange:
     """The paired comparison of one arm against the reference over the same n blocks.
 
-    `changes_pct[i]` is 100 * (arm_i - ref_i) / ref_i for block i. The interval is None when
-    n < MIN_UNITS_FOR_INTERVAL (`common.resampling`). `n_faster` counts blocks where the arm is
-    strictly lower.
+    `changes_pct[i]` is 100 * (arm_i - ref_i) / ref_i for block i. The interval is the
+    order-statistic interval of the median (`median_interval`), `coverage` its exact coverage; both
+    are None below MIN_BLOCKS_FOR_MEDIAN_INTERVAL blocks, where `widest_coverage` says what
+    [min, max] would have covered. `n_faster` counts blocks where the arm is strictly lower.
     """
 
     n: int
@@ -36,6 +96,12 @@ class PairedChange:
     n_slower: int
     arm_median: float | None
     reference_median: float | None
+    coverage: float | None = None
+
+    @property
+    def widest_coverage(self) -> float:
+        """Coverage of [min, max] at this n: 1 - 2 (1/2)^n (0 without blocks)."""
+        return order_coverage(self.n, 1) if self.n else 0.0
 
     @property
     def share_faster(self) -> float | None:
@@ -67,27 +133,26 @@ def percent_changes(arm: Sequence[float], reference: Sequence[float]) -> np.ndar
 def paired_change(
     arm: Sequence[float],
     reference: Sequence[float],
-    rng: np.random.Generator,
-    *,
-    resamples: int = RESAMPLES,
 ) -> PairedChange:
     """Median paired percent change of `arm` vs `reference`, its interval and direction counts.
 
-    The interval resamples whole blocks, because the arms of a block share load, cache state
-    and start time: their paired change is one observation."""
+    The unit is the block, because the arms of a block share load, cache state and start time:
+    their paired change is one observation, and the blocks are the independent draws the
+    order-statistic interval needs."""
     changes = percent_changes(arm, reference)
-    interval = bootstrap_interval(changes, rng, "median", resamples=resamples)
+    interval = median_interval(changes)
     return PairedChange(
         n=int(changes.size),
         changes_pct=tuple(float(c) for c in changes),
         median_pct=median_or_none(changes.tolist()),
-        ci_low_pct=interval[0] if interval else None,
-        ci_high_pct=interval[1] if interval else None,
+        ci_low_pct=interval.low if interval else None,
+        ci_high_pct=interval.high if interval else None,
         n_faster=int(np.sum(changes < 0)),
         n_equal=int(np.sum(changes == 0)),
         n_slower=int(np.sum(changes > 0)),
         arm_median=median_or_none(list(arm)),
         reference_median=median_or_none(list(reference)),
+        coverage=interval.coverage if interval else None,
     )
 
 

@@ -10,11 +10,11 @@ from typing import Any
 
 from compaction_bench.bench.analysis.overhead import harness_overhead
 from compaction_bench.bench.analysis.paired import POOLED, ArmComparison, Comparison, RunAnalysis
-from compaction_bench.bench.analysis.stats import PairedChange
+from compaction_bench.bench.analysis.stats import MIN_BLOCKS_FOR_MEDIAN_INTERVAL, PairedChange
 from compaction_bench.bench.runfolder import REFERENCE_ARM
-from compaction_bench.common.resampling import CONFIDENCE, MIN_UNITS_FOR_INTERVAL, RESAMPLES
+from compaction_bench.common.resampling import CONFIDENCE, RESAMPLES
 
-SUMMARY_SCHEMA_VERSION = 2
+SUMMARY_SCHEMA_VERSION = 3
 
 
 def _paired(change: PairedChange) -> dict[str, Any]:
@@ -25,6 +25,7 @@ def _paired(change: PairedChange) -> dict[str, Any]:
         "paired_median_change_pct": change.median_pct,
         "ci_low_pct": change.ci_low_pct,
         "ci_high_pct": change.ci_high_pct,
+        "ci_coverage": change.coverage,
         "n_lower": change.n_faster,
         "n_equal": change.n_equal,
         "n_higher": change.n_slower,
@@ -53,6 +54,7 @@ def _arm(analysis: RunAnalysis, comparison: Comparison, arm: str) -> dict[str, A
             "paired_median_change_pct": found.postfork.median_pct,
             "ci_low_pct": found.postfork.ci_low_pct,
             "ci_high_pct": found.postfork.ci_high_pct,
+            "ci_coverage": found.postfork.coverage,
             "share_faster": found.postfork.share_faster,
             "n_faster": found.postfork.n_faster,
             "n_equal": found.postfork.n_equal,
@@ -125,7 +127,8 @@ def build_summary(analysis: RunAnalysis) -> dict[str, Any]:
         "seed": analysis.seed,
         "bootstrap_resamples": RESAMPLES,
         "confidence": CONFIDENCE,
-        "min_blocks_for_interval": MIN_UNITS_FOR_INTERVAL,
+        "interval": "order statistics of the median paired change (distribution-free)",
+        "min_blocks_for_interval": MIN_BLOCKS_FOR_MEDIAN_INTERVAL,
         "regimes": regimes,
         "pooled": _comparison(analysis, pooled) if pooled else None,
         "sensitivity": {

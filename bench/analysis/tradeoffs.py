@@ -3,12 +3,13 @@ and task success, with what its policy itself cost (scorer time and tokens, rewr
 
 Pure, from the run's records and its ledger. Blocks are the primary analysis's (`bench.analysis.
 paired`: complete original blocks whose load was the regime's); every paired figure uses
-`bench.analysis.stats.paired_change` (median paired % change, block-bootstrap interval) and its
-own seeded stream (`comparison_rng`). Token totals are whole continuations (every postfork
+`bench.analysis.stats.paired_change` (median paired % change, order-statistic interval over
+blocks). Token totals are whole continuations (every postfork
 request of the attempt), not equal-turn pairs: the second paper's point is that a policy changes
 the trajectory, so its token cost is the trajectory's ("trajectory amplification"). Success is
 the task's local validation; its paired change is the mean over blocks of (arm - clean) in
-percentage points, with a percentile bootstrap interval over blocks (`common.resampling`).
+percentage points, with a percentile bootstrap interval over blocks (`common.resampling`), from
+its own seeded stream (`comparison_rng`).
 """
 
 from __future__ import annotations
@@ -144,11 +145,10 @@ def success_change(arm: Sequence[bool], clean: Sequence[bool],
 
 
 def _pair(chosen: Sequence[Mapping[str, Continuation]], arm: str,
-          value: Callable[[Continuation], float | None], rng: np.random.Generator
-          ) -> PairedChange:
+          value: Callable[[Continuation], float | None]) -> PairedChange:
     pairs = [(value(b[arm]), value(b[REFERENCE_ARM])) for b in chosen]
     kept = [(a, c) for a, c in pairs if a is not None and c is not None and c != 0]
-    return paired_change([a for a, _ in kept], [c for _, c in kept], rng)
+    return paired_change([a for a, _ in kept], [c for _, c in kept])
 
 
 def compare_policies(records: RunRecords, blocks: Sequence[BlockStatus], arms: Sequence[str],
@@ -185,12 +185,11 @@ def compare_policies(records: RunRecords, blocks: Sequence[BlockStatus], arms: S
                     counted[str(line.get("outcome"))] += 1
             rows.append(PolicyRow(
                 arm=arm,
-                postfork=_pair(chosen, arm, lambda c: c.postfork_s, rng("postfork")),
-                input_tokens=_pair(chosen, arm, lambda c: c.input_tokens, rng("input")),
-                output_tokens=_pair(chosen, arm, lambda c: c.output_tokens, rng("output")),
-                cached_tokens=_pair(chosen, arm, lambda c: c.cached_tokens, rng("cached")),
-                reasoning_tokens=_pair(chosen, arm, lambda c: c.reasoning_tokens,
-                                       rng("reasoning")),
+                postfork=_pair(chosen, arm, lambda c: c.postfork_s),
+                input_tokens=_pair(chosen, arm, lambda c: c.input_tokens),
+                output_tokens=_pair(chosen, arm, lambda c: c.output_tokens),
+                cached_tokens=_pair(chosen, arm, lambda c: c.cached_tokens),
+                reasoning_tokens=_pair(chosen, arm, lambda c: c.reasoning_tokens),
                 success=success_change([a for a, _ in known], [c for _, c in known],
                                        rng("success")),
                 rewrite_s_median=median_or_none([c.rewrite_s for c in own

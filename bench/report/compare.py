@@ -67,8 +67,8 @@ def comparison_document(analyses: Sequence[RunAnalysis]) -> Document:
             rows.append((name, arm, *cells))
     task = analyses[0].records.manifest.get("task", "not stated")
     section = Section(f"Task {task}: postfork marginal time, complete original blocks").add(
-        Paragraph("Paired median change vs clean with its 95% block-bootstrap interval; each run "
-                  "is analysed on its own blocks. Pooled rows pool each run's own "
+        Paragraph("Paired median change vs clean with its 95% order-statistic interval over "
+                  "blocks; each run is analysed on its own blocks. Pooled rows pool each run's own "
                   "pooled_regimes."),
         Table(("Regime", "Arm", *(a.run_id for a in analyses)), tuple(rows)),
     )

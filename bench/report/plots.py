@@ -15,7 +15,6 @@ from matplotlib.figure import Figure
 
 from compaction_bench.bench.analysis.latency import regime_spans
 from compaction_bench.bench.analysis.paired import POOLED, Comparison, RunAnalysis
-from compaction_bench.common.resampling import MIN_UNITS_FOR_INTERVAL
 
 SHORTER = "#1f77b4"   # blue: the arm finished sooner than clean in that block
 LONGER = "#ff7f0e"    # orange: later or equal, as in the study's Figure 2
@@ -71,7 +70,7 @@ def paired_dots(analysis: RunAnalysis, *, sensitivity: bool = False) -> bytes | 
                 ax.scatter([x + 0.32], [change.median_pct], marker="D", s=46, color="black",
                            zorder=4)
                 note = f"{change.median_pct:+.1f}%"
-                if change.n < MIN_UNITS_FOR_INTERVAL:
+                if change.ci_low_pct is None:
                     note += "\nno CI"
                 ax.annotate(note, (x + 0.46, change.median_pct), fontsize=8, va="center",
                             bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none",

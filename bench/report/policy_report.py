@@ -10,7 +10,7 @@ from typing import Any
 
 from compaction_bench.bench.analysis.cachebreak import ArmCache, CacheAccounting, cache_accounting
 from compaction_bench.bench.analysis.paired import RunAnalysis
-from compaction_bench.bench.analysis.stats import PairedChange
+from compaction_bench.bench.analysis.stats import MIN_BLOCKS_FOR_MEDIAN_INTERVAL, PairedChange
 from compaction_bench.bench.analysis.tradeoffs import (
     PolicyComparison,
     PolicyRow,
@@ -19,7 +19,6 @@ from compaction_bench.bench.analysis.tradeoffs import (
 )
 from compaction_bench.bench.report.document import Bullets, Image, Paragraph, Section, Table
 from compaction_bench.bench.report.pareto import pareto_figure
-from compaction_bench.common.resampling import MIN_UNITS_FOR_INTERVAL
 
 LISTED = 40  # disagreeing requests listed by id in the report (all of them in summary.json)
 
@@ -43,7 +42,8 @@ def _change(change: PairedChange, *, digits: int = 0) -> str:
               if change.arm_median is not None and change.reference_median is not None else "")
     median = "n/a" if change.median_pct is None else f"{change.median_pct:+.1f}%"
     if change.ci_low_pct is None or change.ci_high_pct is None:
-        return f"{values}{median} (n={change.n}, no interval below {MIN_UNITS_FOR_INTERVAL})"
+        return (f"{values}{median} (n={change.n}, no interval below "
+                f"{MIN_BLOCKS_FOR_MEDIAN_INTERVAL})")
     return f"{values}{median} [{change.ci_low_pct:+.1f}, {change.ci_high_pct:+.1f}] (n={change.n})"
 
 
@@ -72,11 +72,11 @@ def _cost(row: PolicyRow) -> str:
 def comparison_section(figures: PolicyFigures) -> Section:
     section = Section("Policy comparison").add(Paragraph(
         "Every arm against clean on the same complete original blocks (median paired change "
-        "of 100 x (arm - clean) / clean, 95% block-bootstrap interval, n blocks). Tokens are "
-        "whole continuations, every postfork request of the attempt (not equal-turn pairs: a "
-        "policy that changes the trajectory pays for it in tokens). Success: the task's local "
-        "validation, paired difference in percentage points. Policy cost: median rewrite time "
-        "per continuation (compressor or scorer calls inside the request loop, charged to the "
+        "of 100 x (arm - clean) / clean, 95% order-statistic interval over blocks, n blocks). "
+        "Tokens are whole continuations, every postfork request of the attempt (not equal-turn "
+        "pairs: a policy that changes the trajectory pays for it in tokens). Success: the task's "
+        "local validation, paired difference in percentage points. Policy cost: median rewrite "
+        "time per continuation (compressor or scorer calls inside the request loop, charged to the "
         "arm), the scorer's seconds and input tokens, and what the policy did to each step."))
     for regime, comparison in figures.comparisons.items():
         if not comparison.rows:

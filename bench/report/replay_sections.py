@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from compaction_bench.bench.analysis.paired import POOLED
 from compaction_bench.bench.analysis.replay import ReplayAnalysis, Split
+from compaction_bench.bench.analysis.stats import MIN_BLOCKS_FOR_MEDIAN_INTERVAL
 from compaction_bench.bench.report.document import Bullets, Paragraph, Section, Table
 
 
@@ -17,7 +18,9 @@ def _pct(value: float | None) -> str:
 
 
 def _ci(low: float | None, high: float | None) -> str:
-    return "no interval (n < 3)" if low is None or high is None else f"[{low:+.1f}, {high:+.1f}]"
+    if low is None or high is None:
+        return f"no interval (n < {MIN_BLOCKS_FOR_MEDIAN_INTERVAL})"
+    return f"[{low:+.1f}, {high:+.1f}]"
 
 
 def _split_row(split: Split) -> tuple[str, ...]:
@@ -58,7 +61,7 @@ def replay_sections(replay: ReplayAnalysis, arms: Sequence[str]) -> list[Section
     if replay.splits:
         sections.append(Section("Where the change comes from: history and continuation").add(
             Paragraph("Paired change of postfork time against clean, median over complete "
-                      "blocks with its 95% block-bootstrap interval. history: the compacted "
+                      "blocks with its 95% order-statistic interval. history: the compacted "
                       "history continued with clean's recorded turns and lengths; "
                       "continuation: 100 (arm - history-only twin) / clean per block, what the "
                       "changed reasoning after the fork adds. Medians of per-block values: the "

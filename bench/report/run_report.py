@@ -1,8 +1,8 @@
 """The report of one run folder: report.md, report.html (plots embedded), plots/*.png and
 summary.json, all rendered from one `RunAnalysis`.
 
-Every figure states its n; an arm with fewer than MIN_UNITS_FOR_INTERVAL paired blocks says so
-instead of showing an interval.
+Every figure states its n; an arm with fewer than MIN_BLOCKS_FOR_MEDIAN_INTERVAL paired blocks
+says so instead of showing an interval.
 """
 
 from __future__ import annotations
@@ -23,7 +23,11 @@ from compaction_bench.bench.analysis.paired import (
 )
 from compaction_bench.bench.analysis.replay import analyze_replay, identical_arms
 from compaction_bench.bench.analysis.serving import requests_table
-from compaction_bench.bench.analysis.stats import PairedChange
+from compaction_bench.bench.analysis.stats import (
+    MIN_BLOCKS_FOR_MEDIAN_INTERVAL,
+    PairedChange,
+    median_rank,
+)
 from compaction_bench.bench.analysis.study import import_study
 from compaction_bench.bench.analysis.summary import build_summary
 from compaction_bench.bench.report import plots
@@ -42,7 +46,7 @@ from compaction_bench.bench.report.replay_sections import replay_sections
 from compaction_bench.bench.report.sections import serving_sections, trust_sections
 from compaction_bench.bench.runfolder import REFERENCE_ARM, RunRecords, read_run
 from compaction_bench.common.files import write_bytes_atomic, write_json_atomic, write_text_atomic
-from compaction_bench.common.resampling import CONFIDENCE, MIN_UNITS_FOR_INTERVAL, RESAMPLES
+from compaction_bench.common.resampling import CONFIDENCE
 
 Metric = Callable[[ArmComparison], PairedChange]
 POSTFORK: Metric = lambda a: a.postfork  # noqa: E731
@@ -102,9 +106,22 @@ def change_cell(change: PairedChange, *, with_n: bool = False) -> str:
         return "no paired blocks (n=0)"
     n = f" (n={change.n})" if with_n else ""
     if change.ci_low_pct is None or change.ci_high_pct is None:
-        return (f"{pct(change.median_pct)} (n={change.n}: fewer than {MIN_UNITS_FOR_INTERVAL} "
-                "complete blocks, no interval)")
+        return (f"{pct(change.median_pct)} (n={change.n}: no interval below "
+                f"{MIN_BLOCKS_FOR_MEDIAN_INTERVAL} blocks; [min, max] covers the median "
+                f"{change.widest_coverage:.1%} only)")
     return f"{pct(change.median_pct)} [{change.ci_low_pct:+.1f}, {change.ci_high_pct:+.1f}]{n}"
+
+
+def interval_line(analysis: RunAnalysis) -> str:
+    """How the paired intervals were computed, with the exact coverage at each n of this run."""
+    sizes = "; ".join(
+        f"n={n}: [x({median_rank(n)}), x({n - (median_rank(n) or 0) + 1})] covers "
+        f"{1 - f.exact:.1%}" if f.reported else f"n={n}: none ([min, max] would cover "
+        f"{1 - f.exact:.1%})" for n, f in analysis.noise.false_positive.items())
+    return (f"intervals: distribution-free interval of the median paired change (order "
+            f"statistics of the blocks' changes, the narrowest with exact coverage >= "
+            f"{CONFIDENCE:.0%}; none below {MIN_BLOCKS_FOR_MEDIAN_INTERVAL} blocks)"
+            + (f": {sizes}" if sizes else ""))
 
 
 def _seconds(value: float | None, n: int) -> str:
@@ -204,8 +221,7 @@ def build_document(analysis: RunAnalysis, images: Mapping[str, bytes | None]) ->
         f"{len(records.requests)} requests, {len(records.metrics)} /metrics samples",
         *([f"notes: {manifest['notes']}"] if isinstance(manifest.get("notes"), str) else []),
         *_factors(manifest),
-        f"intervals: {100 * CONFIDENCE:g}% percentile bootstrap of the median paired change, "
-        f"{RESAMPLES} block resamples, seed {analysis.seed}",
+        interval_line(analysis),
         *overhead_lines(harness_overhead(records)),
     )))
     primary = Section("Postfork marginal time: complete original blocks").add(

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from compaction_bench.bench.analysis.paired import RunAnalysis
+from compaction_bench.bench.analysis.power import MAX_BLOCKS, Sensitivity
 from compaction_bench.bench.analysis.stats import Distribution
 from compaction_bench.bench.report.document import Bullets, Image, Paragraph, Section, Table
 
@@ -57,15 +58,13 @@ def trust_sections(analysis: RunAnalysis) -> list[Section]:
     else:
         cache.add(Paragraph("No attempt recorded its fork cache state (older or imported run)."))
     noise = analysis.noise
-    fpr = ", ".join(f"{rate:.1%} at {n} blocks" for n, rate in noise.false_positive.items())
-    power = ", ".join(f"{n} blocks for a {effect:.0%} change"
-                      for effect, n in noise.blocks_for.items())
+    power = ", ".join(f"{n if n is not None else f'more than {MAX_BLOCKS}'} blocks for a "
+                      f"{effect:.0%} change" for effect, n in noise.blocks_for.items())
     reach = Section("What these numbers can say").add(Bullets((
         f"block-to-block noise: sigma = {noise.sigma:.3f} (log ratio arm/clean), from "
         f"{noise.sigma_source}" + (f" (n={noise.sigma_n})" if noise.sigma_n else
                                    " (no usable blocks: an assumed 0.1)"),
-        f"false-positive rate of the reported 95% interval, seeded simulation at this noise "
-        f"({noise.false_positive_reps} null runs each): {fpr}",
+        false_positive_line(noise),
         f"blocks needed for 80% power at this noise: {power}",
     )))
     placebo = [c.arms["placebo"].postfork for name, c in analysis.primary.items()
@@ -79,6 +78,19 @@ def trust_sections(analysis: RunAnalysis) -> list[Section]:
                             "interval must cover 0; where it does not, the noise is larger "
                             "than the interval says."))
     return [load, cache, reach]
+
+
+def false_positive_line(noise: Sensitivity) -> str:
+    """The false-positive rate of the reported interval at each n of this run's comparisons."""
+    if not noise.false_positive:
+        return "false-positive rate: no complete blocks, so no interval to be wrong"
+    cells = "; ".join(
+        f"{f.rate:.1%} at {n} blocks (exact {f.exact:.1%})" if f.reported else
+        f"none at {n} blocks, where no interval is printed ([min, max] would exclude 0 in "
+        f"{f.rate:.1%}, exact {f.exact:.1%})" for n, f in noise.false_positive.items())
+    return ("false-positive rate of the reported 95% interval at this run's blocks per "
+            f"comparison, seeded simulation at this noise ({noise.false_positive_reps} null "
+            f"runs each): {cells}")
 
 
 def _dist(d: Distribution, scale: float, digits: int) -> str:

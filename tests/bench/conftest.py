@@ -151,6 +151,6 @@ def reported_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One synthetic run with serving records, reported once and shared read-only by tests."""
     from compaction_bench.bench.report.run_report import write_report
 
-    run = write_synthetic_run(tmp_path_factory.mktemp("reported") / "run-r", blocks=4)
+    run = write_synthetic_run(tmp_path_factory.mktemp("reported") / "run-r", blocks=6)
     write_report(run)
     return run

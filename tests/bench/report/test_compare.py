@@ -12,14 +12,14 @@ from compaction_bench.bench.report.compare import RunMismatchError, compare_runs
 
 
 def test_compares_matching_runs(make_run: Callable[..., Path], tmp_path: Path) -> None:
-    a = make_run("run-a", regimes=("dedicated",), blocks=4, serving=False)
-    b = make_run("run-b", seed=3, regimes=("dedicated", "shared"), blocks=4, serving=False)
+    a = make_run("run-a", regimes=("dedicated",), blocks=6, serving=False)
+    b = make_run("run-b", seed=3, regimes=("dedicated", "shared"), blocks=6, serving=False)
     out = tmp_path / "comparison.md"
     text = compare_runs([a, b], out)
     assert out.read_text() == text
     assert "| Regime | Arm | run-a | run-b |" in text
     assert "| shared | clean median | — |" in text
-    assert "(n=4); faster 4/4" in text
+    assert "(n=6); faster 6/6" in text
 
 
 def test_refuses_mismatched_arms(make_run: Callable[..., Path]) -> None:

@@ -34,7 +34,7 @@ def test_report_writes_markdown_html_and_images(reported_run: Path) -> None:
 
 def test_summary_json_schema(reported_run: Path) -> None:
     summary = json.loads((reported_run / "summary.json").read_text())
-    assert summary["schema_version"] == 2
+    assert summary["schema_version"] == 3
     assert summary["max_requests_waiting"] > 0
     assert summary["pooled"]["regimes"] == ["dedicated", "shared", "overloaded"]
     for regime in ("dedicated", "shared", "overloaded"):
@@ -43,7 +43,7 @@ def test_summary_json_schema(reported_run: Path) -> None:
         assert arms["clean"]["ci_low_pct"] is None
         for arm in ("external", "self"):
             entry = arms[arm]
-            assert entry["blocks_complete"] == 4
+            assert entry["blocks_complete"] == 6
             assert entry["ci_low_pct"] <= entry["paired_median_change_pct"] <= entry["ci_high_pct"]
             assert 0.0 <= entry["share_faster"] <= 1.0
             assert 0.0 <= entry["cache_hit_rate"] <= 1.0

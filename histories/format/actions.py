@@ -39,12 +39,14 @@ def action_fence(content: str, recorded: str | None = None) -> re.Match[str] | N
     parsed (`recorded`, SWE-agent's `action`), the last action fence whose body is that action
     (SWE-agent's parser takes the last block; earlier ones are part of the thought); otherwise
     the only action fence. None when there is no such block, or several and nothing recorded."""
+    if recorded is not None and recorded.strip():
+        # searched as text, not as paired fences: a thought may hold unpaired backticks (an
+        # edited one, or a model's own), and the action block must still be found
+        block = re.compile(r"```([\w-]*)[ \t]*\n(" + re.escape(recorded.strip()) + r")\n?```")
+        found = [m for m in block.finditer(content) if m.group(1) in ACTION_FENCE_LANGS]
+        if found:
+            return found[-1]
     actions = action_fences(content)
-    if recorded is not None:
-        wanted = recorded.strip()
-        for match in reversed(actions):
-            if match.group(2).strip() == wanted:
-                return match
     return actions[0] if len(actions) == 1 else None
 
 

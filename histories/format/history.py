@@ -28,7 +28,7 @@ from typing import Any
 from compaction_bench.common.errors import SuiteError
 from compaction_bench.common.files import RecordWriteError
 from compaction_bench.common.files import write_json_atomic as _write_json
-from compaction_bench.histories.format.actions import message_text_action, split_text_action
+from compaction_bench.histories.format.actions import message_text_action
 from compaction_bench.histories.format.reasoning import block_text
 
 HISTORY_FORMAT = "compaction-bench-history"

@@ -80,19 +80,15 @@ def is_reasoning(path: str, clean: dict[str, Any], arm: dict[str, Any], reasonin
         # the content of a turn with a tool call is its thought (tool calls are compared on their
         # own); a turn without one is dialogue, never reasoning (reasoning.block_text)
         return bool(messages_c[index].get("tool_calls"))
-    action_c = _text_action(messages_c[index].get("content") or "")
-    action_a = _text_action(messages_a[index].get("content") or "")
-    return action_c is not None and action_c == action_a
-
-
-def _text_action(content: str) -> str | None:
-    """A sent text turn's action: its single action block, else its last one (the block an agent
-    such as SWE-agent parsed as the action, which `reasoning.replace_block` keeps last)."""
-    split = split_text_action(content)
-    if split is not None:
-        return split[1]
-    fences = action_fences(content)
-    return fences[-1].group(2).strip() if fences else None
+    content_c = str(messages_c[index].get("content") or "")
+    content_a = str(messages_a[index].get("content") or "")
+    split_c, split_a = split_text_action(content_c), split_text_action(content_a)
+    if split_c is not None and split_a is not None:
+        return split_c[1] == split_a[1]
+    # Several fences: SWE-agent ran the last one and counts everything else as the thought
+    # (even text after it); `reasoning.replace_block` puts the block last, after the record.
+    fences = action_fences(content_c)
+    return bool(fences) and content_a.rstrip().endswith(fences[-1].group(0))
 
 
 def compare_bodies(clean: dict[str, Any], arm: dict[str, Any], *, arm_name: str, task: str,

@@ -93,6 +93,8 @@ def write_arm_files(clean_path: str | Path, arms: Sequence[str], *,
     if clean.arm != "clean":
         raise PolicyArmError(f"{clean_path}: arms are made from the clean arm, this is "
                              f"{clean.arm!r}")
+    if clean.fork is None or clean.fork.pending_result is None:
+        raise PolicyArmError(no_pending_result(clean, str(clean_path)))
     cache = CompactionCache(cache_path or compaction_dir(clean_path) / "cache.jsonl")
     ledger = Ledger(ledger_path or compaction_dir(clean_path) / "ledger.jsonl")
     out = []
@@ -140,13 +142,26 @@ def _check_and_write(clean: History, history: History, key: str, problems: list[
                          totals=history.provenance[key].get("totals") or {}, blocks=blocks)
 
 
+def no_pending_result(clean: History, origin: str) -> str:
+    """The refusal of a clean history whose fork has no recorded result, with its fix."""
+    source = (clean.source or {}).get("path")
+    if clean.fork is None:
+        problem = "the history has no fork"
+    else:
+        problem = (f"the fork's action (message {clean.fork.message_index}) has no recorded "
+                   "result, so no arm can be shown one")
+    fix = (f"re-import it at an action whose result was recorded: `compaction-bench histories "
+           f"import {source} {origin} --fork N` (without --fork the import picks the last one)"
+           if source else "acquire it again (`make histories`)")
+    return f"{origin}: field 'extra.fork.pending_result': {problem}; {fix}"
+
+
 def policy_fork(clean: History, spec: ArmSpec, scorer: ScorerConfig, *,
                 ledger: Ledger | None = None, seed: int = 0,
                 clock: Clock = monotonic) -> tuple[History, list[str]]:
     """A second-paper arm of `clean` at the fork: (history, problems: failed decisions)."""
     if clean.fork is None or clean.fork.pending_result is None:
-        raise PolicyArmError(f"task {clean.task}: the clean history has no fork with a pending "
-                             "result; acquire it first (`make histories`)")
+        raise PolicyArmError(no_pending_result(clean, f"task {clean.task}"))
     policy = stepwise_policy(spec, reasoning_mode=clean.reasoning_mode,
                              protocol=clean.action_protocol, scorer=scorer, seed=seed,
                              ledger=ledger, clock=clock,

@@ -76,6 +76,20 @@ def _from_marked(data: dict[str, Any], path: str | Path, *, task: str | None,
     return history
 
 
+def _with_usage(message: Any) -> Any:
+    """An assistant message with the usage of its raw response (mini-swe-agent keeps the whole
+    response in `extra.response`) as `extra.usage`, where a replay reads a turn's recorded
+    length."""
+    if not isinstance(message, dict) or message.get("role") != "assistant":
+        return message
+    extra = message.get("extra")
+    response = extra.get("response") if isinstance(extra, dict) else None
+    usage = response.get("usage") if isinstance(response, dict) else None
+    if not isinstance(extra, dict) or not isinstance(usage, dict) or "usage" in extra:
+        return message
+    return {**message, "extra": {**extra, "usage": copy.deepcopy(usage)}}
+
+
 def minisweagent_from_data(data: Any, path: str | Path, *, task: str | None = None,
                            fork: int | None = None, arm: str | None = None) -> History:
     """A parsed mini-swe-agent trajectory (v1 or v2) as a History."""
@@ -89,8 +103,9 @@ def minisweagent_from_data(data: Any, path: str | Path, *, task: str | None = No
         return _from_marked(data, path, task=task, fork=fork, arm=arm)
     info = _dict(data.get("info"))
     importer = "minisweagent-v2" if fmt == V2_FORMAT else "minisweagent-v1"
+    messages = [_with_usage(m) for m in data["messages"]]
     provenance: dict[str, Any] = {"source_format": fmt, "model": _model_name(info)}
-    history = build_history(data["messages"], origin=origin, task=_task_for(data, path, task),
+    history = build_history(messages, origin=origin, task=_task_for(data, path, task),
                             arm=arm or "clean", fork=fork, source=source_record(importer, path),
                             info=info, provenance=provenance)
     names = {c["function"]["name"] for m in history.messages for c in m.get("tool_calls", [])}

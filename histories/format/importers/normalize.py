@@ -16,6 +16,7 @@ from compaction_bench.common.paths import repo_root
 from compaction_bench.histories.format.history import (
     Fork,
     History,
+    HistoryError,
     message_action,
     refusal,
     validate_messages,
@@ -57,6 +58,65 @@ def text_of(content: Any) -> Any:
     return content
 
 
+THINKING_PARTS = ("thinking", "redacted_thinking")  # Anthropic's reasoning content parts
+RAW_REASONING = "extra.response.choices[0].message.reasoning"
+
+
+def _thinking_text(content: Any) -> str | None:
+    """The text of Anthropic `thinking` content parts, joined; None when there are none."""
+    if not isinstance(content, list):
+        return None
+    texts = [part["thinking"] for part in content if isinstance(part, dict)
+             and part.get("type") == "thinking" and isinstance(part.get("thinking"), str)]
+    return "\n".join(texts) if texts else None
+
+
+def _raw_reasoning(raw: dict[str, Any]) -> str | None:
+    """Reasoning kept only inside the raw provider response (mini-swe-agent 1.x via OpenRouter
+    records `extra.response`), never in the message the run sent back."""
+    extra = raw.get("extra")
+    response = extra.get("response") if isinstance(extra, dict) else None
+    choices = response.get("choices") if isinstance(response, dict) else None
+    first = choices[0] if isinstance(choices, list) and choices else None
+    message = first.get("message") if isinstance(first, dict) else None
+    if not isinstance(message, dict):
+        return None
+    found = message.get("reasoning") or message.get("reasoning_content")
+    return found if isinstance(found, str) and found.strip() else None
+
+
+def reasoning_notes(raw_messages: list[Any]) -> dict[str, Any]:
+    """What the provenance says about reasoning the source held: where it was read from, and
+    reasoning that is present but not used (never dropped without a word)."""
+    thinking = redacted = raw_only = 0
+    for raw in raw_messages:
+        if not isinstance(raw, dict) or raw.get("role") != "assistant":
+            continue
+        parts = raw.get("content") if isinstance(raw.get("content"), list) else []
+        thinking += _thinking_text(parts) is not None
+        redacted += any(isinstance(p, dict) and p.get("type") == "redacted_thinking"
+                        for p in parts)
+        has_field = any(isinstance(raw.get(k), str | list) and raw.get(k)
+                        for k in ("reasoning", "reasoning_content", "reasoning_details"))
+        raw_only += not has_field and _raw_reasoning(raw) is not None
+    notes: dict[str, Any] = {}
+    if thinking:
+        notes["reasoning_read_from"] = (f"Anthropic 'thinking' content parts ({thinking} "
+                                        "assistant turns), as the turn's reasoning")
+    unused = []
+    if raw_only:
+        unused.append({"field": RAW_REASONING, "turns": raw_only,
+                       "why": "kept only in the raw response: the run never sent it back to "
+                       "the model, so the history (what was sent) leaves it out; it stays in "
+                       "each message's extra.response"})
+    if redacted:
+        unused.append({"field": "content parts of type 'redacted_thinking'", "turns": redacted,
+                       "why": "encrypted by the provider: no text to count or rewrite"})
+    if unused:
+        notes["reasoning_unused"] = unused
+    return notes
+
+
 def _normalize_call(call: Any) -> Any:
     if not isinstance(call, dict):
         return call
@@ -70,7 +130,8 @@ def _normalize_call(call: Any) -> Any:
 
 def normalize_message(raw: dict[str, Any]) -> dict[str, Any]:
     """One message in our form: `reasoning` from reasoning / reasoning_content /
-    reasoning_details, content parts joined, empty tool_calls dropped, null fields dropped, other
+    reasoning_details / Anthropic `thinking` content parts, text content parts joined, empty
+    tool_calls dropped, null fields dropped, other
     provider fields kept under extra.source_fields. Idempotent."""
     message: dict[str, Any] = {"role": raw.get("role")}
     message["content"] = text_of(raw.get("content"))
@@ -80,6 +141,8 @@ def normalize_message(raw: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(reasoning, str) and isinstance(raw.get("reasoning_details"), list):
         texts = [d.get("text") for d in raw["reasoning_details"] if isinstance(d, dict)]
         reasoning = "\n".join(t for t in texts if isinstance(t, str)) or None
+    if not isinstance(reasoning, str):
+        reasoning = _thinking_text(raw.get("content"))
     if isinstance(reasoning, str):
         message["reasoning"] = reasoning
     calls = raw.get("tool_calls")
@@ -129,12 +192,21 @@ def _observation_for(messages: list[dict[str, Any]], index: int, action: dict[st
     return None
 
 
-def cut_at_fork(messages: list[dict[str, Any]], protocol: str, requested: int | None, *,
-                origin: str) -> tuple[list[dict[str, Any]], Fork, list[dict[str, Any]]]:
-    """Split messages at the fork: (history, fork, continuation).
+def _fork_refusal(origin: str, problem: str, candidates: list[int],
+                  index: int | None = None) -> HistoryError:
+    return refusal(origin, f"{problem}; pick a turn with --fork N (N indexes all messages from "
+                   f"0; turns with an action: {candidates or 'none'})", index=index,
+                   field_name="fork")
 
-    `requested` is an assistant message index; None picks the last assistant turn with an
-    action. A fork that cannot be found is refused with the file, the index and the reason.
+
+def cut_at_fork(messages: list[dict[str, Any]], protocol: str, requested: int | None, *,
+                origin: str) -> tuple[list[dict[str, Any]], Fork, list[dict[str, Any]], str]:
+    """Split messages at the fork: (history, fork, continuation, why this fork).
+
+    `requested` is a message index (of all messages, from 0). None picks the last action whose
+    result was recorded: a run's final `submit` usually has none (mini-swe-agent 2 answers it
+    with a `role: exit` message, SWE-agent's history ends at it), and an arm needs the result
+    it will be shown. No such action is refused here, naming the file and `--fork`.
     """
     candidates = [i for i, m in enumerate(messages) if message_action(m, protocol) is not None]
     if requested is None:
@@ -143,7 +215,16 @@ def cut_at_fork(messages: list[dict[str, Any]], protocol: str, requested: int | 
                           + ("one tool call" if protocol == "tool_calls" else
                              "one fenced ```bash block") + " in some assistant message)",
                           field_name="fork")
-        index = candidates[-1]
+        answered = [i for i in candidates if _result_of(messages, i, protocol) is not None]
+        if not answered:
+            raise _fork_refusal(origin, "no action has a recorded result to give the arms after "
+                                "the fork", candidates)
+        index = answered[-1]
+        later = [i for i in candidates if i > index]
+        why = (f"default: the last action whose result was recorded (message {index})"
+               + (f"; the later action at {later} has no recorded result" if len(later) == 1
+                  else f"; the later actions at {later} have no recorded result"
+                  if later else ""))
     else:
         index = requested
         if not 0 <= index < len(messages):
@@ -155,13 +236,21 @@ def cut_at_fork(messages: list[dict[str, Any]], protocol: str, requested: int | 
                       else "that assistant turn requests no single action")
             raise refusal(origin, f"cannot fork here: {reason} (turns with an action: "
                           f"{candidates})", index=index, field_name="fork")
+        why = f"requested: --fork {index}"
+        if _result_of(messages, index, protocol) is None:
+            why += " (its result was not recorded, so no arm file can be written from it)"
     action = message_action(messages[index], protocol)
     assert action is not None
     if action.get("tool_call_id") is None:
         action.pop("tool_call_id", None)
-    pending = _observation_for(messages, index, action, protocol)
-    fork = Fork(message_index=index, action=action, pending_result=pending)
-    return messages[: index + 1], fork, messages[index + 1:]
+    fork = Fork(message_index=index, action=action,
+                pending_result=_result_of(messages, index, protocol))
+    return messages[: index + 1], fork, messages[index + 1:], why
+
+
+def _result_of(messages: list[dict[str, Any]], index: int, protocol: str) -> str | None:
+    action = message_action(messages[index], protocol)
+    return None if action is None else _observation_for(messages, index, action, protocol)
 
 
 def minisweagent_info(info: dict[str, Any] | None) -> dict[str, Any]:
@@ -178,17 +267,22 @@ def build_history(messages: Any, *, origin: str, task: str, arm: str,
                   fork: int | None, source: dict[str, Any] | None,
                   info: dict[str, Any] | None = None,
                   provenance: dict[str, Any] | None = None,
-                  tools: list[dict[str, Any]] | None = None) -> History:
-    """Normalize, validate, cut at the fork and return a checked History."""
+                  tools: list[dict[str, Any]] | None = None,
+                  marked_fork: bool = False) -> History:
+    """Normalize, validate, cut at the fork and return a checked History. Its provenance says
+    which fork was chosen and why (`fork_choice`), unless the source itself marks the fork
+    (`marked_fork`, a study record), and what reasoning the source held (`reasoning_notes`)."""
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
         raise refusal(origin, "must be a list of message objects", field_name="messages")
     normalized = [normalize_message(m) for m in messages]
     validate_messages(normalized, origin=origin)
     mode, protocol = detect_modes(normalized)
-    kept, cut, rest = cut_at_fork(normalized, protocol, fork, origin=origin)
+    kept, cut, rest, why = cut_at_fork(normalized, protocol, fork, origin=origin)
+    notes = {**reasoning_notes(messages), **dict(provenance or {})}
     history = History(messages=kept, task=task, arm=arm, reasoning_mode=mode,
                       action_protocol=protocol, fork=cut, info=minisweagent_info(info),
-                      provenance=dict(provenance or {}), source=source, tools=tools,
+                      provenance=notes if marked_fork else {**notes, "fork_choice": why},
+                      source=source, tools=tools,
                       continuation=rest)
     return checked(history, origin=origin)
 

@@ -146,7 +146,7 @@ def study_histories_from_data(data: Any, path: str | Path, *, task: str | None =
         histories[arm] = build_history(
             transcript, origin=origin, task=task or str(data.get("task_id") or ""), arm=arm,
             fork=marked, source=source_record("shortreasoning-study", path),
-            provenance=provenance, tools=copy.deepcopy(request.get("tools")))
+            provenance=provenance, tools=copy.deepcopy(request.get("tools")), marked_fork=True)
     return histories
 
 

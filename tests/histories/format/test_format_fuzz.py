@@ -167,7 +167,8 @@ SWE_STEPS = {"trajectory": [
     {"thought": "test", "action": "pytest", "observation": None}]}
 OPENAI = {"model": "m", "messages": [
     {"role": "user", "content": "Fix it."},
-    {"role": "assistant", "content": "", "tool_calls": [_call("d", "ls")]}],
+    {"role": "assistant", "content": "", "tool_calls": [_call("d", "ls")]},
+    {"role": "tool", "tool_call_id": "d", "content": "a.py"}],  # the default fork needs a result
     "tools": [{"type": "function", "function": {"name": "bash"}}]}
 SEEDS = {"mswea-v2": MSWEA_V2, "mswea-v1": MSWEA_V1, "swe-agent": SWE_AGENT,
          "swe-agent-steps": SWE_STEPS, "openai": OPENAI}

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from compaction_bench.common.paths import histories_root, repo_root
+from compaction_bench.histories.format.actions import split_text_action
 from compaction_bench.histories.format.history import (
     Fork,
     History,
@@ -19,7 +20,6 @@ from compaction_bench.histories.format.history import (
     load_history,
     message_action,
     save_history,
-    split_text_action,
 )
 
 REPO = repo_root()

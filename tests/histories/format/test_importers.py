@@ -100,11 +100,15 @@ def test_minisweagent_v2_tool_calls(tmp_path: Path) -> None:
     assert detect_format(msa_v2_toolcall()) == "minisweagent-v2"
     assert (history.task, history.arm) == ("run1", "clean")
     assert (history.reasoning_mode, history.action_protocol) == ("native", "tool_calls")
-    # Default fork: the last assistant turn with an action; nothing answered it.
-    assert history.fork is not None and history.fork.message_index == 6
-    assert history.fork.action["command"] == "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
-    assert history.fork.pending_result is None
-    assert [m["role"] for m in history.continuation] == ["exit"]
+    # Default fork: the last action whose result was recorded; the submit after it was
+    # answered by the exit message, not by a result.
+    assert history.fork is not None and history.fork.message_index == 4
+    assert history.fork.action["command"] == "pytest -q"
+    assert history.fork.pending_result == "<returncode>0</returncode>\n<output>\n1 failed\n</output>"
+    assert history.provenance["fork_choice"] == (
+        "default: the last action whose result was recorded (message 4); the later action at "
+        "[6] has no recorded result")
+    assert [m["role"] for m in history.continuation] == ["tool", "assistant", "exit"]
     third = history.messages[2]
     assert third["reasoning"] == "Look first." and "reasoning_content" not in third
     assert "function_call" not in third
@@ -182,6 +186,8 @@ def swe_agent_history() -> dict[str, Any]:
                 {"role": "assistant", "content": "Edit it.", "thought": "Edit it.",
                  "action": "sed -i s/a/b/ a.py", "agent": "main", "message_type": "action",
                  "tool_calls": [call("toolu_2", "sed -i s/a/b/ a.py")]},
+                {"role": "tool", "content": "", "agent": "main", "message_type": "observation",
+                 "tool_call_ids": ["toolu_2"]},
             ]}
 
 
@@ -217,7 +223,7 @@ def test_swe_agent_trajectory_only(tmp_path: Path) -> None:
 
 
 def test_plain_openai_list_and_object_with_tools(tmp_path: Path) -> None:
-    messages = copy.deepcopy(msa_v2_toolcall()["messages"][:5])
+    messages = copy.deepcopy(msa_v2_toolcall()["messages"][:6])
     listed = import_openai_messages(write(tmp_path / "chat.json", messages))
     assert detect_format(messages) == "openai-messages"
     assert listed.task == "chat" and listed.fork is not None and listed.fork.message_index == 4

@@ -27,7 +27,7 @@ UV := $(VENV)/bin/uv
 # where a named run lives: a path as given, else results/<id>
 run_path = $(if $(wildcard $(1)),$(1),results/$(1))
 
-.PHONY: help install serve stop profiles histories bench bench-settings report compare \
+.PHONY: help install serve stop profiles histories import bench bench-settings report compare \
   report-study plan kernels kernels-gpu faults bench-client bench-redaction test test-unit \
   test-e2e test-integration lint docs clean
 
@@ -39,6 +39,8 @@ help:
 	@echo "                          serve target + compressor from one vLLM engine, self-checked"
 	@echo "make stop [PORT=...]      stop background servers;  make profiles: list profiles"
 	@echo "make histories [TASK=...] [ARMS=...] [BASE_URL=...]   acquire histories, write arm files"
+	@echo "make import FILE=... [FORK=n] [OUT=...]   import your own agent's log as a history;"
+	@echo "                          prints the fork it chose and the commands to run next"
 	@echo "make report RUN=<id>  |  make compare RUNS=\"a b\"  |  make report-study (Table 12)"
 	@echo "make plan RUN=<id> [SLO=p90:2x] [AGENTS=n] [GPU_HOUR_USD=x]   GPU capacity plan"
 	@echo "make kernels [BASE_URL=...]  |  make kernels-gpu   measured device costs"
@@ -83,6 +85,10 @@ profiles: install
 histories: install
 	$(CB) histories acquire --profile $(PROFILE) --port $(PORT) $(if $(TASK),--task $(TASK)) $(if $(BASE_URL),--base-url $(BASE_URL))
 	$(CB) histories arms --profile $(PROFILE) --port $(PORT) $(if $(TASK),--task $(TASK)) $(if $(BASE_URL),--base-url $(BASE_URL)) $(if $(EXTERNAL_URL),--external-url $(EXTERNAL_URL)) $(if $(ARMS),--arms $(ARMS)) $(if $(SCORER),--scorer $(SCORER))
+
+import: install
+	@test -n "$(FILE)" || { echo "usage: make import FILE=<trajectory or message log> [FORK=<message index>] [OUT=<dir>/<task>/clean.json] [TASK=<id>]"; exit 2; }
+	$(CB) histories import $(FILE) $(OUT) $(if $(FORK),--fork $(FORK)) $(if $(TASK),--task $(TASK))
 
 bench: install
 	$(CB) bench --from-env $(if $(CONFIG),--config $(CONFIG))

@@ -31,7 +31,12 @@ from compaction_bench.histories.compaction.judge import GATES, JudgeConfig, chec
 from compaction_bench.histories.compaction.lexical import count_words
 from compaction_bench.histories.compaction.prompts import REWRITE_PROMPTS
 from compaction_bench.histories.format.export import export_minisweagent
-from compaction_bench.histories.format.history import load_history, save_history, write_json
+from compaction_bench.histories.format.history import (
+    History,
+    load_history,
+    save_history,
+    write_json,
+)
 from compaction_bench.histories.format.importers import import_history, write_study_histories
 from compaction_bench.histories.format.reasoning import thought_label
 from compaction_bench.histories.policies.armfile import write_arm_files
@@ -199,13 +204,62 @@ def audit_cmd(path: Path, profile: ProfileOpt = "auto", port: int = 8000,
     typer.echo(json.dumps(result.to_json(), indent=2) if json_out else result.summary())
 
 
+# The arms an imported history can have without any model server: the second paper's policies
+# that only need a tokenizer for their ledgers (the embedded one, on the CPU).
+MODEL_FREE_ARMS = ("delete-all-thinking", "keep-latest", "random-30")
+TOKENIZER = "embedded:smollm2-135m-instruct"
+
+
+def next_commands(history: History, out: Path) -> list[str]:
+    """What to run after importing `history` to `out`: the fork chosen and why, the arm files
+    it can have without a model, and the replay when it carries recorded per-turn usage."""
+    lines = [f"fork: message {history.fork.message_index if history.fork else None}: "
+             f"{history.provenance.get('fork_choice', 'marked in the file')}"]
+    if history.fork is None or history.fork.pending_result is None:
+        lines.append("no arm files: the fork's result was not recorded; import again with "
+                     "--fork N at an action whose result was")
+    elif out.name != "clean.json" or history.arm != "clean":
+        lines.append("arm files are written beside a clean arm's clean.json: import to "
+                     f"{out.parent / history.task / 'clean.json'} to write them")
+    else:
+        lines += ["write the arm files that need no model:",
+                  f"  compaction-bench histories arms --root {out.parent.parent} --task "
+                  f"{out.parent.name} --arms {','.join(MODEL_FREE_ARMS)} --scorer {TOKENIZER} "
+                  "--scorer-device cpu"]
+    turns = [m for m in history.continuation if m.get("role") == "assistant"]
+    if turns and all(_completion_tokens(m) > 0 for m in turns) and out.name == "clean.json":
+        lines += [f"replay its {len(turns)} recorded turn(s) at their recorded lengths (clean, "
+                  "and self: compacted live by the served model):",
+                  f"  compaction-bench bench source=replay records={out.parent} arms=clean,self"]
+    return lines
+
+
+def _completion_tokens(message: dict[str, object]) -> int:
+    extra = message.get("extra")
+    usage = extra.get("usage") if isinstance(extra, dict) else None
+    tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    return tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else 0
+
+
 @app.command("import")
-def import_cmd(source: Path, out: Path, task: str | None = None,
-               fork: Annotated[int | None, typer.Option(help="assistant message index")] = None,
-               ) -> None:
-    """Import a trajectory (mini-swe-agent, SWE-agent, OpenAI messages, study record)."""
-    save_history(import_history(source, task=task, fork=fork), out)
-    typer.echo(f"wrote {out}")
+def import_cmd(
+    source: Path,
+    out: Annotated[Path | None, typer.Argument(
+        help="the history file to write (default: <histories root>/imported/<task>/clean.json)")]
+    = None,
+    task: str | None = None,
+    fork: Annotated[int | None, typer.Option(
+        help="the fork: an index into all messages of the file, counted from 0 (default: the "
+        "last action whose result was recorded)")] = None,
+) -> None:
+    """Import a trajectory (mini-swe-agent, SWE-agent, OpenAI messages, study record), say which
+    fork it chose and why, and print the commands to run next."""
+    history = import_history(source, task=task, fork=fork)
+    target = out or histories_root() / "imported" / history.task / "clean.json"
+    save_history(history, target)
+    typer.echo(f"wrote {target}")
+    for line in next_commands(history, target):
+        typer.echo(line)
 
 
 @app.command("import-study")

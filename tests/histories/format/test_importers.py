@@ -104,7 +104,8 @@ def test_minisweagent_v2_tool_calls(tmp_path: Path) -> None:
     # answered by the exit message, not by a result.
     assert history.fork is not None and history.fork.message_index == 4
     assert history.fork.action["command"] == "pytest -q"
-    assert history.fork.pending_result == "<returncode>0</returncode>\n<output>\n1 failed\n</output>"
+    assert history.fork.pending_result == (
+        "<returncode>0</returncode>\n<output>\n1 failed\n</output>")
     assert history.provenance["fork_choice"] == (
         "default: the last action whose result was recorded (message 4); the later action at "
         "[6] has no recorded result")

@@ -1,0 +1,227 @@
+"""Bring-your-own-logs, on real public trajectories (samples/SOURCES.md): the fork chosen by
+default, SWE-agent's recorded actions, the arm files written from the default fork, the commands
+`import` prints, and reasoning that is read, noted or left alone."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from compaction_bench.bench.run.replay import find_sources
+from compaction_bench.histories.cli import MODEL_FREE_ARMS, TOKENIZER, app
+from compaction_bench.histories.format.history import (
+    HistoryError,
+    load_history,
+    message_action,
+    save_history,
+)
+from compaction_bench.histories.format.importers import import_history
+from compaction_bench.histories.format.importers.normalize import RAW_REASONING
+from compaction_bench.histories.policies.armfile import PolicyArmError, write_arm_files
+from compaction_bench.histories.policies.scorer import ScorerConfig
+from compaction_bench.histories.policies.segments import reasoning_span
+from compaction_bench.loadgen.replay import recorded_plan
+
+SAMPLES = Path(__file__).parent / "samples"
+MSWEA = SAMPLES / "minisweagent" / "sqlfluff__sqlfluff-2419.traj.json"
+SWE_TEXT = SAMPLES / "sweagent" / "swe-agent__test-repo-i1.traj"
+SWE_MULTI = SAMPLES / "sweagent" / "97af1e.traj"
+SWE_FC = SAMPLES / "sweagent" / "marshmallow-code__marshmallow-1867.traj"
+# The policies' ledgers count tokens with the embedded tokenizer; no model server is involved.
+SCORER = ScorerConfig(model=TOKENIZER, device="cpu")
+
+
+def write(path: Path, data: Any) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_the_samples_are_the_files_sources_md_names() -> None:
+    sources = (SAMPLES / "SOURCES.md").read_text()
+    for sample in (MSWEA, SWE_TEXT, SWE_MULTI, SWE_FC):
+        digest = hashlib.sha256(sample.read_bytes()).hexdigest()
+        assert f"`{sample.parent.name}/{sample.name}`" in sources and digest in sources
+
+
+@pytest.mark.parametrize(("sample", "fork", "command", "submit_at"), [
+    (MSWEA, 80, "cat patch.txt", 82),  # mini-swe-agent 2: submit answered by `role: exit`
+    (SWE_TEXT, 9, "python tests/missing_colon.py", 11),  # SWE-agent: history ends at submit
+], ids=["minisweagent-v2-tool-calls", "swe-agent-text"])
+def test_a_run_ending_in_submit_forks_at_its_last_answered_action_and_gets_arm_files(
+        tmp_path: Path, sample: Path, fork: int, command: str, submit_at: int) -> None:
+    history = import_history(sample)
+    assert history.fork is not None and history.fork.message_index == fork
+    assert history.fork.action["command"] == command and history.fork.pending_result
+    assert history.provenance["fork_choice"] == (
+        f"default: the last action whose result was recorded (message {fork}); the later "
+        f"action at [{submit_at}] has no recorded result")
+    clean = tmp_path / history.task / "clean.json"
+    save_history(history, clean)
+    results = write_arm_files(clean, MODEL_FREE_ARMS, scorer=SCORER)
+    assert [(r.arm, r.written, r.problems) for r in results] == [
+        (arm, True, []) for arm in MODEL_FREE_ARMS]
+    for result in results:  # every arm shares the fork: the same action, the same result
+        arm = load_history(result.path)
+        assert arm.fork == history.fork
+        assert message_action(arm.messages[-1], arm.action_protocol) == message_action(
+            history.messages[-1], history.action_protocol)
+
+
+def test_swe_agent_turns_with_several_fenced_blocks_import_from_the_recorded_action(
+        tmp_path: Path) -> None:
+    raw = json.loads(SWE_MULTI.read_text())["history"]
+    history = import_history(SWE_MULTI)
+    # SWE-agent ran the last of five blocks (the model made up outputs between them)
+    assert history.fork is not None and history.fork.message_index == 3
+    assert history.fork.action == {"command": raw[3]["action"].strip()}
+    [(index, thought)] = history.reasoning_blocks()
+    assert index == 3 and "```\nls -R /testbed/src/simpy/\n```" in thought
+    assert "```\nopen /testbed/src/simpy/resources/container.py\n```" not in thought
+    clean = tmp_path / history.task / "clean.json"
+    save_history(history, clean)
+    results = write_arm_files(clean, ["delete-all-thinking", "random-30"], scorer=SCORER)
+    assert [(r.written, r.problems) for r in results] == [(True, []), (True, [])]
+    emptied = load_history(results[0].path).messages[3]["content"]
+    assert emptied == "\n\n```\nopen /testbed/src/simpy/resources/container.py\n```"
+
+
+def test_swe_agent_function_calling_says_its_tool_schemas_are_unknown() -> None:
+    history = import_history(SWE_FC)
+    assert history.action_protocol == "tool_calls" and history.tools is None
+    assert history.provenance["tool_schemas"].startswith(
+        "unknown: the trajectory names its tool bundles (tools/defaults, tools/search, "
+        "tools/edit_linting, tools/submit) but not their schemas")
+
+
+def test_the_commands_import_prints_run_as_printed(tmp_path: Path) -> None:
+    runner = CliRunner()
+    out = tmp_path / "histories" / "sqlfluff" / "clean.json"
+    done = runner.invoke(app, ["import", str(MSWEA), str(out)])
+    assert done.exit_code == 0, done.output
+    lines = done.output.splitlines()
+    assert lines[:2] == [f"wrote {out}", "fork: message 80: default: the last action whose "
+                         "result was recorded (message 80); the later action at [82] has no "
+                         "recorded result"]
+    [arms] = [line.strip() for line in lines if "histories arms" in line]
+    words = shlex.split(arms)
+    assert words[:3] == ["compaction-bench", "histories", "arms"]
+    written = runner.invoke(app, words[2:])
+    assert written.exit_code == 0, written.output
+    assert sorted(p.name for p in out.parent.glob("*.json")) == sorted(
+        ["clean.json", *(f"{arm}.json" for arm in MODEL_FREE_ARMS)])
+    # mini-swe-agent kept each response's usage: the import is a replay source
+    [replay] = [line.strip() for line in lines if "source=replay" in line]
+    assert replay == f"compaction-bench bench source=replay records={out.parent} arms=clean,self"
+    [source] = find_sources((str(out.parent),))
+    plan = recorded_plan(source.clean, source.name, "clean")
+    assert [turn.completion_tokens for turn in plan.turns] == [90]
+
+
+def test_a_text_run_without_usage_gets_no_replay_command(tmp_path: Path) -> None:
+    done = CliRunner().invoke(app, ["import", str(SWE_TEXT), str(tmp_path / "t" / "clean.json")])
+    assert done.exit_code == 0, done.output
+    assert "histories arms" in done.output and "source=replay" not in done.output
+
+
+def test_no_action_with_a_recorded_result_is_refused_at_import(tmp_path: Path) -> None:
+    data = json.loads(MSWEA.read_text())
+    data["messages"] = [*data["messages"][:3], data["messages"][-1]]  # one call, then exit
+    path = write(tmp_path / "short.traj.json", data)
+    with pytest.raises(HistoryError) as caught:
+        import_history(path)
+    assert str(caught.value) == (
+        f"{path}: field 'fork': no action has a recorded result to give the arms after the "
+        "fork; pick a turn with --fork N (N indexes all messages from 0; turns with an action: "
+        "[2])")
+
+
+def test_arm_files_of_a_fork_without_result_are_refused_naming_the_file_and_fix(
+        tmp_path: Path) -> None:
+    history = import_history(MSWEA, fork=82)
+    assert history.provenance["fork_choice"] == (
+        "requested: --fork 82 (its result was not recorded, so no arm file can be written "
+        "from it)")
+    clean = tmp_path / "t" / "clean.json"
+    save_history(history, clean)
+    with pytest.raises(PolicyArmError) as caught:
+        write_arm_files(clean, ["delete-all-thinking"], scorer=SCORER)
+    assert str(caught.value) == (
+        f"{clean}: field 'extra.fork.pending_result': the fork's action (message 82) has no "
+        "recorded result, so no arm can be shown one; re-import it at an action whose result "
+        "was recorded: `compaction-bench histories import "
+        f"tests/histories/format/samples/minisweagent/{MSWEA.name} {clean} --fork N` (without "
+        "--fork the import picks the last one)")
+
+
+def call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    return {"id": call_id, "type": "function",
+            "function": {"name": name, "arguments": arguments}}
+
+
+def test_a_chat_agents_replies_are_dialogue_not_reasoning(tmp_path: Path) -> None:
+    messages = [
+        {"role": "system", "content": "You are a support agent."},
+        {"role": "user", "content": "My order is late."},
+        {"role": "assistant", "content": "Sorry to hear that! What is the order number?"},
+        {"role": "user", "content": "42"},
+        {"role": "assistant", "content": "I should look the order up before promising anything.",
+         "tool_calls": [call("c1", "lookup", '{"order": 42}')]},
+        {"role": "tool", "tool_call_id": "c1", "content": "shipped yesterday"},
+        {"role": "assistant", "content": "It shipped yesterday. Anything else?"},
+        {"role": "user", "content": "Refund the shipping, please."},
+        {"role": "assistant", "content": "Late delivery qualifies for a shipping refund.",
+         "tool_calls": [call("c2", "refund", '{"order": 42}')]},
+        {"role": "tool", "tool_call_id": "c2", "content": "ok"},
+    ]
+    history = import_history(write(tmp_path / "support.json", messages))
+    assert history.fork is not None and history.fork.message_index == 8
+    assert history.reasoning_blocks() == [
+        (2, ""), (4, "I should look the order up before promising anything."), (6, ""),
+        (8, "Late delivery qualifies for a shipping refund.")]
+    assert reasoning_span(history.messages[2], "tagged-visible", "tool_calls").text == ""
+    clean = tmp_path / "support" / "clean.json"
+    save_history(history, clean)
+    [result] = write_arm_files(clean, ["delete-all-thinking"], scorer=SCORER)
+    assert result.written, result.problems
+    sent = load_history(result.path).messages
+    assert [sent[i]["content"] for i in (2, 4, 6, 8)] == [
+        messages[2]["content"], "", messages[6]["content"], ""]
+
+
+def test_anthropic_thinking_parts_are_read_as_reasoning(tmp_path: Path) -> None:
+    messages = [
+        {"role": "user", "content": "List the files."},
+        {"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "ls shows them.", "signature": "sig"},
+            {"type": "text", "text": "Listing."}],
+         "tool_calls": [call("t1", "bash", '{"command": "ls"}')]},
+        {"role": "tool", "tool_call_id": "t1", "content": "a.py"},
+    ]
+    history = import_history(write(tmp_path / "claude.json", messages))
+    assert history.reasoning_mode == "native"
+    assert history.messages[1]["reasoning"] == "ls shows them."
+    assert history.messages[1]["content"] == "Listing."
+    assert history.provenance["reasoning_read_from"] == (
+        "Anthropic 'thinking' content parts (1 assistant turns), as the turn's reasoning")
+
+
+def test_reasoning_kept_only_in_the_raw_response_is_noted_as_unused(tmp_path: Path) -> None:
+    response = {"choices": [{"message": {"content": "x", "reasoning": "a hidden chain"}}]}
+    data = {"trajectory_format": "mini-swe-agent-1", "messages": [
+        {"role": "user", "content": "Fix it."},
+        {"role": "assistant", "content": "THOUGHT: look.\n\n```bash\nls\n```",
+         "extra": {"response": response}},
+        {"role": "user", "content": "<returncode>0</returncode>\n<output>\na.py\n</output>"}]}
+    history = import_history(write(tmp_path / "openrouter.traj.json", data))
+    assert history.reasoning_mode == "tagged-visible"
+    assert "reasoning" not in history.messages[1]
+    assert history.messages[1]["extra"]["response"] == response  # kept, not sent
+    [note] = history.provenance["reasoning_unused"]
+    assert (note["field"], note["turns"]) == (RAW_REASONING, 1)

@@ -92,7 +92,8 @@ def reasoning_notes(raw_messages: list[Any]) -> dict[str, Any]:
     for raw in raw_messages:
         if not isinstance(raw, dict) or raw.get("role") != "assistant":
             continue
-        parts = raw.get("content") if isinstance(raw.get("content"), list) else []
+        content = raw.get("content")
+        parts: list[Any] = content if isinstance(content, list) else []
         thinking += _thinking_text(parts) is not None
         redacted += any(isinstance(p, dict) and p.get("type") == "redacted_thinking"
                         for p in parts)

@@ -3,9 +3,13 @@ and how many blocks would detect a given change with 80% power, from a run's own
 
 Noise model: per block, arm / clean = exp(effect + N(0, sigma)) with clean itself log-normal
 (only ratios matter: the paired change is scale free). `sigma` is the block-to-block spread of
-log(arm / clean): taken from the placebo arm where the run has one (pure noise), else from the
-other arms' paired changes by a robust estimate (1.4826 x the median absolute deviation of their
-log ratios around each arm's median), else 0.1.
+log(arm / clean): taken from the placebo arm where the run has one, else from the other arms'
+paired changes by a robust estimate (1.4826 x the median absolute deviation of their log ratios
+around each arm's median), else 0.1. The placebo is an A/A: clean's history with its own
+sampling seed and cache salt (`bench.run.config`), so its spread is that of two independent
+continuations of one history, the noise any arm's change must beat. Before issue 22 it had
+clean's seed and cache, replayed clean's bytes and measured timing jitter only, so the blocks
+this module said were needed read too low.
 
 - False positives: `false_positive_rate` draws `reps` runs of n blocks with no effect and counts
   how often the interval the analysis reports (`bench.analysis.stats.paired_change`, the

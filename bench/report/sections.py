@@ -74,7 +74,8 @@ def trust_sections(analysis: RunAnalysis) -> list[Section]:
             f"median {c.median_pct:+.2f}% [{c.ci_low_pct:+.2f}, {c.ci_high_pct:+.2f}] (n={c.n})"
             if c.ci_low_pct is not None and c.ci_high_pct is not None and c.median_pct is not None
             else f"n={c.n}, no interval" for c in placebo)
-        reach.add(Paragraph(f"Placebo arm (clean's file under another name): {cells}. Its "
+        reach.add(Paragraph(f"Placebo arm (clean's file under another name, with its own "
+                            f"sampling seed and cache salt: an A/A): {cells}. Its "
                             "interval must cover 0; where it does not, the noise is larger "
                             "than the interval says."))
     return [load, cache, reach]

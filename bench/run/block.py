@@ -35,7 +35,13 @@ from compaction_bench.bench.run.arm import (
     check_on_the_wire,
     check_replay_on_the_wire,
 )
-from compaction_bench.bench.run.config import REFERENCE, BenchConfig, arm_seed, derived_seed
+from compaction_bench.bench.run.config import (
+    REFERENCE,
+    BenchConfig,
+    arm_seed,
+    cache_salt,
+    derived_seed,
+)
 from compaction_bench.bench.run.writer import RunWriter
 from compaction_bench.bench.runfolder import ArmRecord
 from compaction_bench.common.timing import Clock, monotonic
@@ -223,10 +229,8 @@ def run_block(arms: list[Arm], *, settings: BlockSettings, regime: str, block: i
     def attempt_config(arm: Arm, seed: int) -> tuple[ChatModelConfig, str | None]:
         # isolated: unique to this run (its clock origin), block pass, arm and attempt, so a
         # block run again after a crash, or a rerun under the same RUN_ID, starts cold too
-        run_salt = settings.run_salt or settings.run_id
-        salt = (f"{run_salt}-b{block}-p{block_pass}-{arm.name}-{attempt}"
-                if config.cache == "isolated" else f"{run_salt}-b{block}-p{block_pass}"
-                if config.cache == "block" else run_salt if config.cache == "run" else None)
+        salt = cache_salt(config, settings.run_salt or settings.run_id, block, block_pass,
+                          arm.name, attempt)
         extra = {**settings.model.extra_body, **({"cache_salt": salt} if salt else {})}
         return settings.model.model_copy(update={"seed": seed, "extra_body": extra}), salt
 

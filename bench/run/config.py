@@ -30,11 +30,13 @@ DEFAULT_BLOCKS = {
     "cpu": {"dedicated": 2, "shared": 2, "overloaded": 1},
     "fake": {"dedicated": 2, "shared": 2, "overloaded": 1},
 }
-# Replay on a CPU: enough dedicated blocks for a real 95% interval (with 3-4 blocks the
-# bootstrap interval of a median collapses to the sample's range) in a first run of minutes.
+# Replay on a CPU: enough dedicated blocks for a real 95% interval (6 is the fewest whose
+# order-statistic interval of a median covers 95%: bench/analysis/stats.py) in a first run of
+# minutes.
 DEFAULT_REPLAY_BLOCKS = {"dedicated": 6, "shared": 6, "overloaded": 2}
-# Arm names that are not compaction policies: the reference, and a byte-identical copy of it
-# under another name (its interval must cover 0: what the analysis reads into noise alone).
+# Arm names that are not compaction policies: the reference, and a copy of its history under
+# another name, with its own sampling seed and cache salt (`arm_seed`, `cache_salt`): an A/A,
+# whose interval must cover 0 and whose spread is the noise of two independent continuations.
 REFERENCE = "clean"
 PLACEBO = "placebo"
 AGENT_ARMS = ("clean", "external", "self")
@@ -141,7 +143,8 @@ class BenchConfig(BaseModel):
     seed: int = Field(default=0, ge=0, description="the run seed: block order and sampling")
     seeds: Literal["common", "independent"] = Field(
         default="common", description="common: the arms of one block share a sampling seed "
-        "(common random numbers; blocks still differ); independent: every arm its own")
+        "(common random numbers; blocks still differ; the placebo always has its own, so it "
+        "is an A/A); independent: every arm its own")
     cache: Literal["shared", "isolated", "block", "run"] | None = Field(
         default=None, description="shared: the arms of a block share the server's prefix "
         "cache; isolated: a fresh cache_salt per arm and attempt; block: one cache_salt per "
@@ -281,7 +284,30 @@ def derived_seed(run_seed: int, *labels: str | int) -> int:
 
 
 def arm_seed(config: BenchConfig, block: int, arm: str, attempt: str) -> int:
-    """The base sampling seed of one arm's attempt in a block (see `BenchConfig.seeds`)."""
-    if config.seeds == "common":
+    """The base sampling seed of one arm's attempt in a block (see `BenchConfig.seeds`).
+
+    The placebo always has its own stream: with clean's seed it would send clean's bytes and
+    sample clean's continuation, a replay measuring timing jitter, not the noise an arm's
+    change must beat (issue 22)."""
+    if config.seeds == "common" and arm != PLACEBO:
         return derived_seed(config.seed, block, attempt)
     return derived_seed(config.seed, block, attempt, arm)
+
+
+def cache_salt(config: BenchConfig, run_salt: str, block: int, block_pass: int, arm: str,
+               attempt: str) -> str | None:
+    """The cache_salt of one arm's attempt (see `BenchConfig.cache`); None: the server's shared
+    cache.
+
+    The placebo gets a cache of its own beside clean's, of the same extent: its own per attempt
+    (isolated), per block (block), per run (run and shared; clean's shared cache is the
+    server's, warm from earlier blocks, and the placebo's is warm from its own). Sharing clean's
+    would serve it clean's prefix, so the placebo would not pay what clean pays."""
+    isolated = f"{run_salt}-b{block}-p{block_pass}-{arm}-{attempt}"
+    if config.cache == "isolated":
+        return isolated
+    if config.cache == "block":
+        return f"{run_salt}-b{block}-p{block_pass}" + (f"-{arm}" if arm == PLACEBO else "")
+    if config.cache == "run" or arm == PLACEBO:
+        return run_salt + (f"-{arm}" if arm == PLACEBO else "")
+    return None

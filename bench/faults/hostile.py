@@ -164,7 +164,11 @@ def hostile(ctx: Context) -> list[FaultResult]:
             ("NETWORK-ESCAPE-VALIDATE" not in escaped, "validation reached the fake engine"),
             (not secret_seen, f"secrets seen: {secret_seen}")],
         "(harmless)": [],
-        "rm -rf .git": [ran("not a git repository"), (task_same, "the task's files changed")],
+        # the patch is read host-side against the pristine tree: removing .git changes nothing
+        "rm -rf .git": [ran("stats_utils.py"),
+                        (not any("patch capture" in (r.error or "") for r in folder.arms),
+                         "patch capture failed once .git was gone"),
+                        (task_same, "the task's files changed")],
     }
     line = {r.arm: r.error for r in folder.arms if r.block == 2}.get("clean") or (
         "run finished" if finished else output.strip().splitlines()[-1:] or "")

@@ -1,9 +1,13 @@
 """A fresh per-run copy of a task's workspace, and the confined environment the agent's commands
-run in (`histories.agent.sandbox`): tool commands, local validation and patch capture alike, so
-code the agent wrote never runs outside the box, not even through a git hook.
+run in (`histories.agent.sandbox`): tool commands and local validation alike, so code the agent
+wrote never runs outside the box.
 
-Each run gets its own copy (made a git repository by the suite, before the agent acts, so the
-patch can be captured); the copy is removed when the run ends.
+Each run gets its own copy (made a git repository by the suite before the agent acts, for the
+agent's own use); the copy is removed when the run ends. The patch is read from the host side
+against the pristine tree taken before the agent acted (`histories.agent.capture`: nothing of
+the agent's repository is read and nothing of the agent's runs). Validation runs, confined, in
+a copy with the task's own test files put back, and is refused when the agent added a module
+that would shadow what the tests import (`histories.tasks.validation`).
 """
 
 from __future__ import annotations
@@ -18,16 +22,12 @@ from typing import Any
 
 from minisweagent.environments.local import LocalEnvironment, LocalEnvironmentConfig
 
-from compaction_bench.common.errors import SuiteError
+from compaction_bench.histories.agent.capture import Snapshots
 from compaction_bench.histories.agent.sandbox import Sandbox, SandboxLimits
 from compaction_bench.histories.tasks.task import Task
+from compaction_bench.histories.tasks.validation import shadowing, validation_copy
 
-PATCH_LIMITS = SandboxLimits(output_cap_chars=2_000_000, output_kill_bytes=32 * 2**20)
 VALIDATION_TAIL_CHARS = 4000
-
-
-class WorkspaceError(SuiteError):
-    """The workspace could not give a patch (its git repository is gone or broken)."""
 
 
 class ConfinedEnvironmentConfig(LocalEnvironmentConfig):
@@ -86,6 +86,7 @@ class Workspace:
         self.path = Path()
         self.env: ConfinedEnvironment | None = None
         self.sandbox: Sandbox | None = None
+        self.snapshots: Snapshots | None = None
 
     def __enter__(self) -> Workspace:
         self.path = Path(tempfile.mkdtemp(prefix=f"compbench-{self.task.id}-", dir=self.base_dir))
@@ -95,6 +96,8 @@ class Workspace:
         self._git("add", "-A")
         self._git("-c", "user.name=compbench", "-c", "user.email=compbench@localhost",
                   "commit", "-q", "-m", "task workspace")
+        self.snapshots = Snapshots()
+        self.snapshots.keep_base(self.path)
         self.sandbox = Sandbox(self.path, self.limits)
         self.env = ConfinedEnvironment(self.sandbox, cwd=str(self.path),
                                        timeout=self.task.spec.command_timeout_s,
@@ -104,6 +107,8 @@ class Workspace:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
+        if self.snapshots is not None:
+            shutil.rmtree(self.snapshots.gitdir, ignore_errors=True)
 
     def _git(self, *args: str) -> str:
         """The suite's own git, run before the agent acts (the copy is not the agent's yet)."""
@@ -113,26 +118,32 @@ class Workspace:
         return result.stdout
 
     def patch(self) -> str:
-        """The agent's changes as a diff against the task's workspace, taken inside the sandbox
-        (the agent may have planted hooks or an fsmonitor in its repository)."""
-        assert self.sandbox is not None
-        got = self.sandbox.run("git -c core.fsmonitor=false add -A && "
-                               "git -c core.fsmonitor=false diff --cached", timeout_s=60,
-                               limits=PATCH_LIMITS)
-        if got.returncode != 0:
-            raise WorkspaceError(f"git in the workspace failed ({got.returncode}): "
-                                 f"{got.output.strip()[-300:]}")
-        return got.output
+        """The agent's changes as a git patch against the pristine copy, read from the host
+        side (module docstring); raises `capture.CaptureError` with git's own line."""
+        assert self.snapshots is not None
+        return self.snapshots.diff(self.path)
 
     def validate(self) -> Validation:
-        """Run the task's local validation command in this copy, confined like the agent."""
+        """Run the task's local validation command, confined like the agent, in a copy with the
+        task's own test files put back; refused where the agent added a shadowing module."""
         assert self.sandbox is not None
-        limits = self.limits.model_copy(update={"output_cap_chars": 200_000})
-        got = self.sandbox.run(self.task.spec.validation,
-                               timeout_s=self.task.spec.command_timeout_s * 3, limits=limits)
+        refused = shadowing(self.path, self.task.workspace)
+        if refused:
+            return Validation(False, 2, "validation refused: " + "; ".join(refused)
+                              + "; the task's tests would not test the task's code")
+        folder = Path(tempfile.mkdtemp(prefix=f"compbench-{self.task.id}-validate-",
+                                       dir=self.base_dir))
+        try:
+            folder.chmod(0o755)
+            validation_copy(self.path, self.task.workspace, folder)
+            box = Sandbox(folder, self.limits, level=self.sandbox.confinement)
+            limits = self.limits.model_copy(update={"output_cap_chars": 200_000})
+            timeout = self.task.spec.command_timeout_s * 3
+            got = box.run(self.task.spec.validation, timeout_s=timeout, limits=limits)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
         if got.timed_out:
-            return Validation(False, -1, f"validation timed out after "
-                              f"{self.task.spec.command_timeout_s * 3} s: "
+            return Validation(False, -1, f"validation timed out after {timeout} s: "
                               f"{got.output[-VALIDATION_TAIL_CHARS:]}")
         return Validation(got.returncode == 0, got.returncode,
                           got.output[-VALIDATION_TAIL_CHARS:])

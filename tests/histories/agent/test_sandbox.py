@@ -26,7 +26,6 @@ from compaction_bench.histories.agent.sandbox import (
 from compaction_bench.histories.agent.workspace import (
     ConfinedEnvironment,
     Workspace,
-    WorkspaceError,
 )
 from compaction_bench.histories.tasks.task import load_task
 
@@ -134,10 +133,11 @@ def test_a_fork_bomb_and_an_output_flood_are_contained(workspace: Workspace) -> 
     assert len(str(flood["output"])) < 5000
 
 
-def test_deleting_git_is_a_clear_patch_error(workspace: Workspace) -> None:
+def test_deleting_git_does_not_change_the_patch(workspace: Workspace) -> None:
+    run(workspace, "echo '# changed' >> stats_utils.py")
+    before = workspace.patch()
     run(workspace, "rm -rf .git")
-    with pytest.raises(WorkspaceError, match="git in the workspace failed"):
-        workspace.patch()
+    assert workspace.patch() == before and "+# changed" in before
 
 
 def test_limits_hold_for_a_plain_sandbox() -> None:

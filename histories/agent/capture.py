@@ -1,0 +1,107 @@
+"""Patch capture the agent cannot steer: the workspace read from the host side, compared with
+the pristine copy taken before the agent acted, by a git repository of the suite's own.
+
+The agent's `.git` (its config, hooks, fsmonitor, filters, `diff.external`, index flags such as
+skip-worktree, `info/exclude`) is never read: the suite keeps a bare repository in a private
+folder the box cannot see, with an empty configuration (GIT_CONFIG_NOSYSTEM=1,
+GIT_CONFIG_GLOBAL=/dev/null, no hooks, no fsmonitor). Every file is hashed as it is, with
+`hash-object --no-filters` (no clean filter, no `ident`, no end-of-line conversion, whatever a
+`.gitattributes` says), `.gitignore` files have no say (the tree is walked in Python), symbolic
+links are recorded as links and never followed, and the diff of two trees runs in the bare
+repository with `--no-ext-diff --no-textconv --binary`, so the agent's `.gitattributes` cannot
+hide a change (at most it shows as a binary patch, content included). git's stderr is kept
+apart from the patch. Nothing of the agent's runs here: its processes died with their command
+(PID namespace), and no git hook or filter is configured.
+
+Left out of both trees: `.git` folders (any depth) and `__pycache__` folders.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import tempfile
+from pathlib import Path
+
+from compaction_bench.common.errors import SuiteError
+
+SKIPPED_DIRS = (".git", "__pycache__")
+GIT_TIMEOUT_S = 120
+
+
+class CaptureError(SuiteError):
+    """The suite's own git could not read the workspace."""
+
+
+class Snapshots:
+    """A private bare repository holding the pristine tree; `diff(path)` is the patch."""
+
+    def __init__(self) -> None:
+        self.gitdir = Path(tempfile.mkdtemp(prefix="compbench-capture-"))  # mode 700
+        self._git("init", "-q", "--bare", str(self.gitdir))
+        self.base: str | None = None
+
+    def _git(self, *args: str, stdin: bytes | None = None, index: Path | None = None) -> bytes:
+        env = {"PATH": "/usr/bin:/bin", "HOME": str(self.gitdir), "GIT_CONFIG_NOSYSTEM": "1",
+               "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_ATTR_NOSYSTEM": "1",
+               "GIT_DIR": str(self.gitdir), "LC_ALL": "C"}
+        if index is not None:
+            env["GIT_INDEX_FILE"] = str(index)
+        done = subprocess.run(["git", "-c", "core.hooksPath=/dev/null", "-c",
+                               "core.fsmonitor=false", "-c", "core.bare=true", *args],
+                              input=stdin, capture_output=True, timeout=GIT_TIMEOUT_S,
+                              cwd=self.gitdir, env=env, check=False)
+        if done.returncode != 0:
+            why = done.stderr.decode("utf-8", "replace").strip().splitlines()
+            raise CaptureError(f"patch capture: git {args[0]} failed ({done.returncode}): "
+                               f"{why[-1] if why else 'no message'}; the suite's own repository "
+                               f"is {self.gitdir}")
+        return done.stdout
+
+    def tree(self, root: Path) -> str:
+        """The tree id of `root` as it is on disk (modes, links, bytes)."""
+        entries: list[tuple[str, str, bytes]] = []  # mode, path, content (links: target)
+        files: list[tuple[str, str]] = []
+        for folder, dirs, names in os.walk(root):  # never follows links
+            links = [d for d in dirs if os.path.islink(os.path.join(folder, d))]
+            dirs[:] = sorted(d for d in dirs if d not in SKIPPED_DIRS and d not in links)
+            for name in sorted([*names, *links]):
+                path = os.path.join(folder, name)
+                relative = os.path.relpath(path, root)
+                info = os.lstat(path)
+                if stat.S_ISLNK(info.st_mode):
+                    entries.append(("120000", relative, os.fsencode(os.readlink(path))))
+                elif stat.S_ISREG(info.st_mode):  # fifos, sockets and devices are left out
+                    files.append(("100755" if info.st_mode & 0o111 else "100644", relative))
+        lines = b""
+        plain = [(mode, p) for mode, p in files if "\n" not in p]
+        if plain:
+            paths = "".join(os.path.join(root, p) + "\n" for _, p in plain).encode()
+            ids = self._git("hash-object", "-w", "--no-filters", "--stdin-paths",
+                            stdin=paths).decode().split()
+            lines += b"".join(f"{mode} {oid}\t".encode() + os.fsencode(p) + b"\0"
+                              for (mode, p), oid in zip(plain, ids, strict=True))
+        for mode, p in files:  # a name with a newline cannot go through --stdin-paths
+            if "\n" in p:
+                entries.append((mode, p, Path(root, p).read_bytes()))
+        for mode, relative, target in entries:
+            oid = self._git("hash-object", "-w", "--no-filters", "--stdin",
+                            stdin=target).decode().strip()
+            lines += f"{mode} {oid}\t".encode() + os.fsencode(relative) + b"\0"
+        with tempfile.TemporaryDirectory(dir=self.gitdir) as scratch:
+            index = Path(scratch) / "index"
+            self._git("update-index", "-z", "--add", "--index-info", stdin=lines, index=index)
+            return self._git("write-tree", index=index).decode().strip()
+
+    def keep_base(self, root: Path) -> None:
+        """Take the pristine tree (before the agent acts)."""
+        self.base = self.tree(root)
+
+    def diff(self, root: Path) -> str:
+        """The agent's changes to `root` since `keep_base`, as a git patch."""
+        assert self.base is not None, "keep_base first"
+        now = self.tree(root)
+        patch = self._git("diff-tree", "-p", "--binary", "--no-ext-diff", "--no-textconv",
+                          "--no-color", "--full-index", self.base, now)
+        return patch.decode("utf-8", "replace")

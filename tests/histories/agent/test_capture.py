@@ -1,0 +1,72 @@
+"""Patch capture the agent cannot steer, tried with the forgeries an agent can plant in its own
+repository from inside the box: a clean filter, `diff.external`, textconv, skip-worktree,
+`.git/info/exclude` and `.gitignore`, a `.gitattributes` with `ident`, a nested repository, a
+link out of the workspace, a hook that writes into the patch. Real git, real box."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from compaction_bench.histories.agent.workspace import ConfinedEnvironment, Workspace
+from compaction_bench.histories.tasks.task import load_task
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def ws() -> Iterator[Workspace]:
+    with Workspace(load_task("fix-median")) as found:
+        yield found
+
+
+def run(ws: Workspace, command: str) -> str:
+    assert isinstance(ws.env, ConfinedEnvironment)
+    got = ws.env.execute({"command": command}, timeout=20)
+    return str(got["output"])
+
+
+def test_the_agents_repository_config_cannot_hide_or_replace_a_change(ws: Workspace) -> None:
+    run(ws, "printf '\\n# REAL-CHANGE\\n' >> stats_utils.py && echo new > added.txt && "
+            "echo secret > hidden.txt && git add -A && "
+            "git -c user.name=a -c user.email=a@b commit -qm agent && "
+            "git config filter.hide.clean 'echo FORGED' && git config filter.hide.smudge cat && "
+            "git config diff.external /bin/true && git config diff.python.textconv 'echo TX' && "
+            "printf '*.py filter=hide diff=python\\n' > .gitattributes && "
+            "echo hidden.txt >> .git/info/exclude && echo added.txt > .gitignore && "
+            "git update-index --skip-worktree stats_utils.py && "
+            "printf '#!/bin/sh\\necho HOOK-TEXT\\n' > .git/hooks/post-index-change && "
+            "chmod +x .git/hooks/post-index-change && git config core.fsmonitor "
+            ".git/hooks/post-index-change")
+    patch = ws.patch()
+    assert "+# REAL-CHANGE" in patch
+    assert "diff --git a/added.txt b/added.txt" in patch
+    assert "diff --git a/hidden.txt b/hidden.txt" in patch and "+secret" in patch
+    assert "FORGED" not in patch and "TX" not in patch and "HOOK-TEXT" not in patch
+    assert ".git/" not in patch  # the agent's repository is not part of the change
+
+
+def test_ident_attributes_do_not_rewrite_what_was_changed(ws: Workspace) -> None:
+    run(ws, "printf '*.py ident\\n' > .gitattributes && "
+            "printf '# $Id: REAL-IN-MARKER $\\n' >> stats_utils.py")
+    assert "$Id: REAL-IN-MARKER $" in ws.patch()
+
+
+def test_links_are_recorded_as_links_and_nothing_is_read_through_them(ws: Workspace) -> None:
+    run(ws, "ln -s /etc/shadow shadow-link && ln -s / root-link && mkfifo pipe")
+    patch = ws.patch()
+    assert "+/etc/shadow" in patch and "new file mode 120000" in patch
+    assert "root:" not in patch  # the link's target was never read
+
+
+def test_a_nested_repository_puts_no_git_warning_in_the_patch(ws: Workspace) -> None:
+    run(ws, "mkdir vendored && cd vendored && git init -q && echo v > v.txt && git add v.txt")
+    patch = ws.patch()
+    assert "vendored/v.txt" in patch and "warning" not in patch.lower()
+    assert patch.startswith("diff --git")
+
+
+def test_an_untouched_workspace_gives_an_empty_patch(ws: Workspace) -> None:
+    run(ws, "git status >/dev/null; python3 -m unittest -q test_stats_utils 2>/dev/null; true")
+    assert ws.patch() == ""

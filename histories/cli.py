@@ -228,9 +228,11 @@ def next_commands(history: History, out: Path) -> list[str]:
                   "--scorer-device cpu"]
     turns = [m for m in history.continuation if m.get("role") == "assistant"]
     if turns and all(_completion_tokens(m) > 0 for m in turns) and out.name == "clean.json":
-        lines += [f"replay its {len(turns)} recorded turn(s) at their recorded lengths (clean, "
-                  "and self: compacted live by the served model):",
-                  f"  compaction-bench bench source=replay records={out.parent} arms=clean,self"]
+        lines += [f"replay its {len(turns)} recorded turn(s) at their recorded lengths, clean "
+                  "against the policies applied live to its history (add self to compact it "
+                  "with the served model):",
+                  f"  compaction-bench bench source=replay records={out.parent} "
+                  f"arms=clean,{','.join(MODEL_FREE_ARMS)}"]
     return lines
 
 
@@ -252,8 +254,9 @@ def import_cmd(
         help="the fork: an index into all messages of the file, counted from 0 (default: the "
         "last action whose result was recorded)")] = None,
 ) -> None:
-    """Import a trajectory (mini-swe-agent, SWE-agent, OpenAI messages, study record), say which
-    fork it chose and why, and print the commands to run next."""
+    """Import an agent's log (mini-swe-agent, SWE-agent, OpenHands, Claude Code, Codex CLI, a
+    request/response log, OpenAI messages, a study record), say which fork it chose and why,
+    and print the commands to run next."""
     history = import_history(source, task=task, fork=fork)
     target = out or histories_root() / "imported" / history.task / "clean.json"
     save_history(history, target)

@@ -2,8 +2,10 @@
 
 A replay source is a folder of history files of one fork: `clean.json` and the arms recorded
 for it (the study's records as imported into data/histories/study/<record>/: `clean.json` and
-`external.json`, the study's rewritten branch; a user's imported trace the same way). Block b
-replays source `records[(b - 1) % len(records)]`, every arm side by side.
+`external.json`, the study's rewritten branch; a user's imported trace the same way). A file
+without a recorded continuation (an arm file `histories arms` wrote at the fork) is no recorded
+arm: that arm runs live over clean's history as below. Block b replays source
+`records[(b - 1) % len(records)]`, every arm side by side.
 
 What each arm name replays (loadgen/replay.py has the request-level contract):
 - `clean`, `placebo`: clean's history and clean's recorded turns;
@@ -109,8 +111,18 @@ def find_sources(names: tuple[str, ...]) -> list[ReplaySource]:
             histories = {arm: load_history(path) for arm, path in files.items()}
         except HistoryError as exc:
             raise BenchError(f"replay source {folder}: {exc}") from None
+        # an arm file written at the fork (`histories arms`) recorded no continuation: that
+        # arm is applied live to clean's history like any policy, not replayed from the file
+        histories = {arm: h for arm, h in histories.items()
+                     if arm == REFERENCE or _recorded(h)}
+        files = {arm: path for arm, path in files.items() if arm in histories}
         sources.append(ReplaySource(folder.name, folder, histories, files))
     return sources
+
+
+def _recorded(history: History) -> bool:
+    """Whether the history holds a recorded continuation (a turn answered after the fork)."""
+    return any(m.get("role") == "assistant" for m in history.continuation)
 
 
 def source_hashes(sources: list[ReplaySource]) -> dict[str, dict[str, Any]]:

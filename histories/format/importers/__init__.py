@@ -18,9 +18,11 @@ Anything else is refused as "unrecognized format" with the list of `FORMATS`, ne
 one of them by accident: a JSON list is an OpenAI message list only when every item has a
 `role`.
 
-Fork selection: a fork the source marks (our files, our exports, study records) is used, and a
-different `fork=` is refused; otherwise `fork=` picks the assistant message index, and the default
-is the last assistant turn with an action. Messages after the fork are kept in `continuation`.
+Fork selection (`normalize.build_history`): a fork the source marks (our files, our exports,
+study records) is used, and a different `fork=` is refused; otherwise `fork=` is an index into
+all messages of the file, and the default is the last action whose result was recorded (a run's
+final `submit` has none), refused at import when no action qualifies. The choice and its reason
+are in `provenance.fork_choice`. Messages after the fork are kept in `continuation`.
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from compaction_bench.bench.run.replay import find_sources
+from compaction_bench.bench.run.config import BenchConfig
+from compaction_bench.bench.run.replay import find_sources, live_policy, replay_arms
 from compaction_bench.histories.cli import MODEL_FREE_ARMS, TOKENIZER, app
 from compaction_bench.histories.format.history import (
     HistoryError,
@@ -24,9 +25,9 @@ from compaction_bench.histories.format.history import (
 from compaction_bench.histories.format.importers import import_history
 from compaction_bench.histories.format.importers.normalize import RAW_REASONING
 from compaction_bench.histories.policies.armfile import PolicyArmError, write_arm_files
+from compaction_bench.histories.policies.registry import parse_arm
 from compaction_bench.histories.policies.scorer import ScorerConfig
 from compaction_bench.histories.policies.segments import reasoning_span
-from compaction_bench.loadgen.replay import recorded_plan
 
 SAMPLES = Path(__file__).parent / "samples"
 MSWEA = SAMPLES / "minisweagent" / "sqlfluff__sqlfluff-2419.traj.json"
@@ -118,10 +119,19 @@ def test_the_commands_import_prints_run_as_printed(tmp_path: Path) -> None:
         ["clean.json", *(f"{arm}.json" for arm in MODEL_FREE_ARMS)])
     # mini-swe-agent kept each response's usage: the import is a replay source
     [replay] = [line.strip() for line in lines if "source=replay" in line]
-    assert replay == f"compaction-bench bench source=replay records={out.parent} arms=clean,self"
-    [source] = find_sources((str(out.parent),))
-    plan = recorded_plan(source.clean, source.name, "clean")
-    assert [turn.completion_tokens for turn in plan.turns] == [90]
+    assert replay == (f"compaction-bench bench source=replay records={out.parent} "
+                      f"arms=clean,{','.join(MODEL_FREE_ARMS)}")
+    # the arm files just written recorded no continuation: replay applies those policies live
+    # to clean's history and sends clean's recorded turns
+    config = BenchConfig(source="replay", records=(str(out.parent),),
+                         arms=("clean", *MODEL_FREE_ARMS))
+    sources = find_sources(config.records)
+    assert [set(s.histories) for s in sources] == [{"clean"}]
+    arms = replay_arms(config, sources, {}, {})
+    for arm in arms:
+        [plan] = arm.replay.values()
+        assert [turn.completion_tokens for turn in plan.turns] == [90], arm.name
+        assert live_policy(parse_arm(arm.name), sources[0]) == (arm.name != "clean")
 
 
 def test_a_text_run_without_usage_gets_no_replay_command(tmp_path: Path) -> None:

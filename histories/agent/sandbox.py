@@ -47,6 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from compaction_bench.common.errors import SuiteError
 from compaction_bench.common.processtree import stop_tree
+from compaction_bench.histories.agent.totals import Totals
 from compaction_bench.histories.agent.view import seal, system_view
 
 Level = Literal["bwrap", "unshare", "none"]
@@ -73,6 +74,11 @@ class SandboxLimits(BaseModel):
     file_bytes: int = Field(default=64 * 2**20, gt=0, description="largest file (RLIMIT_FSIZE)")
     tmp_bytes: int = Field(default=256 * 2**20, gt=0,
                            description="size of the box's /tmp and of its /dev/shm (tmpfs)")
+    total_memory_bytes: int = Field(default=4 * 2**30, gt=0,
+                                    description="memory of all the command's processes and "
+                                                "tmpfs pages together (cgroup)")
+    workspace_bytes: int = Field(default=1 * 2**30, gt=0,
+                                 description="size of the workspace (a tmpfs of its own)")
     output_cap_chars: int = Field(default=4000, gt=0, description="output kept for the agent")
     output_kill_bytes: int = Field(default=8 * 2**20, gt=0,
                                    description="output past this is a flood: the command dies")
@@ -143,7 +149,10 @@ def _probe(candidate: Confinement) -> bool:
     try:
         folder.chmod(0o755)
         box = Sandbox(folder, SandboxLimits(cpu_s=20), level=candidate, probe=True)
-        got = box.run("echo probe-ok", timeout_s=20)
+        try:
+            got = box.run("echo probe-ok", timeout_s=20)
+        finally:
+            box.close()
         return got.returncode == 0 and "probe-ok" in got.output
     except SandboxUnavailable:
         return False
@@ -193,7 +202,10 @@ class Sandbox:
     """Runs commands confined to one workspace folder (see the module docstring)."""
 
     def __init__(self, workspace: Path, limits: SandboxLimits | None = None, *,
-                 level: Confinement | None = None, probe: bool = False) -> None:
+                 level: Confinement | None = None, probe: bool = False,
+                 workspace_total: str | None = "not mounted by the caller") -> None:
+        """`workspace_total`: None when the caller mounted the workspace sized
+        (`totals.mount_workspace`), else why not (recorded)."""
         self.workspace = workspace.resolve()
         self.limits = limits or SandboxLimits()
         self.confinement = level or confinement()
@@ -216,12 +228,31 @@ class Sandbox:
         self._process_budget = self.limits.processes
         if self.uid is None:  # a user's own processes count against the same limit
             self._process_budget += _own_processes()
+        self.totals = Totals(self.limits.total_memory_bytes, self.limits.processes)
+        self.workspace_total = workspace_total
+
+    def close(self) -> None:
+        """Remove the box's cgroups (after its last command)."""
+        self.totals.close()
+
+    def totals_in_force(self) -> dict[str, object]:
+        """Which totals held for this box's commands, and why not the others."""
+        found = self.totals.describe()
+        tmpfs = ("bwrap --size tmpfs mounts" if self.confinement.level == "bwrap"
+                 else f"not in force: {self.confinement.level} mounts no /tmp of its own")
+        found["in_force" if self.confinement.level == "bwrap" else "not_in_force"].update(
+            {"tmp": tmpfs, "dev_shm": tmpfs})
+        if self.workspace_total is None:
+            found["in_force"]["workspace"] = "tmpfs mounted at the workspace"
+        else:
+            found["not_in_force"]["workspace"] = self.workspace_total
+        return {"in_force": found["in_force"], "not_in_force": found["not_in_force"]}
 
     def describe(self) -> dict[str, object]:
         return {**self.confinement.describe(), "uid": self.uid,
                 "groups": "none (setgroups([]) before exec)" if self.uid is not None else
                 "none beyond the caller's own group (checked)",
-                "limits": self.limits.model_dump()}
+                "limits": self.limits.model_dump(), "totals": self.totals_in_force()}
 
     def _command(self, command: str, cwd: Path) -> tuple[list[str], dict[str, str], list[int]]:
         """The argv, its environment, and file descriptors bwrap reads (closed after start)."""
@@ -256,6 +287,7 @@ class Sandbox:
         resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
         resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_bytes, limits.file_bytes))
         resource.setrlimit(resource.RLIMIT_NPROC, (self._process_budget, self._process_budget))
+        self.totals.attach()  # still root where the cgroups exist
         if self.uid is not None:
             os.setgroups([])
             os.setgid(self.uid)

@@ -24,6 +24,7 @@ from minisweagent.environments.local import LocalEnvironment, LocalEnvironmentCo
 
 from compaction_bench.histories.agent.capture import Snapshots
 from compaction_bench.histories.agent.sandbox import Sandbox, SandboxLimits
+from compaction_bench.histories.agent.totals import mount_workspace, unmount_workspace
 from compaction_bench.histories.tasks.task import Task
 from compaction_bench.histories.tasks.validation import shadowing, validation_copy
 
@@ -87,26 +88,47 @@ class Workspace:
         self.env: ConfinedEnvironment | None = None
         self.sandbox: Sandbox | None = None
         self.snapshots: Snapshots | None = None
+        self._mounted: dict[Path, str | None] = {}  # folder: None if a sized tmpfs, else why not
 
     def __enter__(self) -> Workspace:
-        self.path = Path(tempfile.mkdtemp(prefix=f"compbench-{self.task.id}-", dir=self.base_dir))
-        shutil.copytree(self.task.workspace, self.path, dirs_exist_ok=True,
-                        ignore=shutil.ignore_patterns("__pycache__"))
-        self._git("init", "-q")
-        self._git("add", "-A")
-        self._git("-c", "user.name=compbench", "-c", "user.email=compbench@localhost",
-                  "commit", "-q", "-m", "task workspace")
-        self.snapshots = Snapshots()
-        self.snapshots.keep_base(self.path)
-        self.sandbox = Sandbox(self.path, self.limits)
+        self.path = self._folder(f"compbench-{self.task.id}-")
+        try:
+            shutil.copytree(self.task.workspace, self.path, dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns("__pycache__"))
+            self._git("init", "-q")
+            self._git("add", "-A")
+            self._git("-c", "user.name=compbench", "-c", "user.email=compbench@localhost",
+                      "commit", "-q", "-m", "task workspace")
+            self.snapshots = Snapshots()
+            self.snapshots.keep_base(self.path)
+            self.sandbox = Sandbox(self.path, self.limits,
+                                   workspace_total=self._mounted.get(self.path))
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
         self.env = ConfinedEnvironment(self.sandbox, cwd=str(self.path),
                                        timeout=self.task.spec.command_timeout_s,
                                        output_cap_chars=self.task.spec.output_cap_chars)
         return self
 
+    def _folder(self, prefix: str) -> Path:
+        """A new folder others may enter, a sized tmpfs where the host allows one."""
+        folder = Path(tempfile.mkdtemp(prefix=prefix, dir=self.base_dir))
+        folder.chmod(0o755)
+        self._mounted[folder] = mount_workspace(folder, self.limits.workspace_bytes)
+        return folder
+
+    def _remove(self, folder: Path) -> None:
+        if self._mounted.pop(folder, "not mounted") is None:
+            unmount_workspace(folder)
+        shutil.rmtree(folder, ignore_errors=True)
+
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        shutil.rmtree(self.path, ignore_errors=True)
+        if self.sandbox is not None:
+            self.sandbox.close()
+        if self.path != Path():
+            self._remove(self.path)
         if self.snapshots is not None:
             shutil.rmtree(self.snapshots.gitdir, ignore_errors=True)
 
@@ -131,17 +153,19 @@ class Workspace:
         if refused:
             return Validation(False, 2, "validation refused: " + "; ".join(refused)
                               + "; the task's tests would not test the task's code")
-        folder = Path(tempfile.mkdtemp(prefix=f"compbench-{self.task.id}-validate-",
-                                       dir=self.base_dir))
+        folder = self._folder(f"compbench-{self.task.id}-validate-")
         try:
-            folder.chmod(0o755)
             validation_copy(self.path, self.task.workspace, folder)
-            box = Sandbox(folder, self.limits, level=self.sandbox.confinement)
+            box = Sandbox(folder, self.limits, level=self.sandbox.confinement,
+                          workspace_total=self._mounted.get(folder))
             limits = self.limits.model_copy(update={"output_cap_chars": 200_000})
             timeout = self.task.spec.command_timeout_s * 3
-            got = box.run(self.task.spec.validation, timeout_s=timeout, limits=limits)
+            try:
+                got = box.run(self.task.spec.validation, timeout_s=timeout, limits=limits)
+            finally:
+                box.close()
         finally:
-            shutil.rmtree(folder, ignore_errors=True)
+            self._remove(folder)
         if got.timed_out:
             return Validation(False, -1, f"validation timed out after {timeout} s: "
                               f"{got.output[-VALIDATION_TAIL_CHARS:]}")

@@ -1,0 +1,108 @@
+"""Totals on a box's commands, tried for real: memory past the cgroup's total is refused (the
+command's process is killed, the host's memory is untouched), and files past the sized tmpfs
+mounts (workspace, /tmp, /dev/shm) are refused with no space left while the host's disk stays
+as it was. Where the host allows no cgroup or mount (a non-root suite), the manifest's record
+says so; that is checked by running the record as another uid."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from compaction_bench.histories.agent.sandbox import SandboxLimits
+from compaction_bench.histories.agent.workspace import ConfinedEnvironment, Workspace
+from compaction_bench.histories.tasks.task import load_task
+
+pytestmark = [pytest.mark.e2e,
+              pytest.mark.skipif(os.geteuid() != 0,
+                                 reason="cgroups and mounts need root (CI runs as root)")]
+MiB = 2**20
+LIMITS = SandboxLimits(total_memory_bytes=192 * MiB, memory_bytes=4 * 2**30,
+                       workspace_bytes=24 * MiB, tmp_bytes=16 * MiB, file_bytes=64 * MiB)
+
+
+@pytest.fixture
+def ws() -> Iterator[Workspace]:
+    with Workspace(load_task("fix-median"), limits=LIMITS) as found:
+        yield found
+
+
+def run(ws: Workspace, command: str, timeout: int = 60) -> dict[str, Any]:
+    assert isinstance(ws.env, ConfinedEnvironment)
+    got: dict[str, Any] = ws.env.execute({"command": command}, timeout=timeout)
+    return got
+
+
+def test_every_total_is_in_force_on_this_host(ws: Workspace) -> None:
+    assert ws.sandbox is not None
+    totals = ws.sandbox.totals_in_force()
+    assert isinstance(totals["in_force"], dict)
+    assert set(totals["in_force"]) == {"memory", "pids", "tmp", "dev_shm", "workspace"}, totals
+
+
+def test_memory_past_the_total_is_refused_and_the_host_keeps_its_own(ws: Workspace) -> None:
+    assert ws.sandbox is not None
+    before = psutil.virtual_memory().available
+    got = run(ws, "python3 -c \"chunks = []\nfor i in range(48):\n"
+                  "    chunks.append(bytearray(32 * 2**20))\nprint('ALLOCATED', len(chunks))\"; "
+                  "echo status=$?")
+    assert "ALLOCATED" not in str(got["output"]) and "status=137" in str(got["output"]), got
+    peak = ws.sandbox.totals.folders[0] / "memory.max_usage_in_bytes"
+    assert int(peak.read_text()) <= LIMITS.total_memory_bytes
+    assert psutil.virtual_memory().available > before - 256 * MiB
+    assert "ok" in str(run(ws, "echo ok")["output"])  # the box still works afterwards
+
+
+def test_files_past_the_sized_mounts_are_refused_and_the_host_disk_is_untouched(
+        ws: Workspace) -> None:
+    disk = shutil.disk_usage(tempfile.gettempdir()).used
+    got = str(run(ws, "for i in 1 2 3 4; do head -c 12000000 /dev/zero > big$i || "
+                      "echo WS-FULL; done; head -c 20000000 /dev/zero > /tmp/big || echo TMP-FULL; "
+                      "head -c 20000000 /dev/zero > /dev/shm/big || echo SHM-FULL; "
+                      "du -sb . /tmp /dev/shm")["output"])
+    assert "WS-FULL" in got and "TMP-FULL" in got and "SHM-FULL" in got, got
+    assert "No space left on device" in got
+    used = sum((ws.path / f"big{i}").stat().st_size for i in range(1, 5)
+               if (ws.path / f"big{i}").exists())
+    assert used <= LIMITS.workspace_bytes
+    assert shutil.disk_usage(tempfile.gettempdir()).used - disk < 8 * MiB
+
+
+def test_processes_past_the_total_are_refused(ws: Workspace) -> None:
+    assert ws.sandbox is not None
+    pids = ws.sandbox.totals.folders[1] / "pids.max"
+    assert int(pids.read_text()) == LIMITS.processes
+    got = str(run(ws, f"for i in $(seq {LIMITS.processes + 20}); do sleep 3 & done 2>&1 | "
+                      "tail -2; echo spawned", timeout=20)["output"])
+    assert "fork" in got.lower() or "resource temporarily unavailable" in got.lower(), got
+
+
+def test_a_suite_without_root_records_which_totals_were_not_in_force(tmp_path: Path) -> None:
+    folder = tmp_path / "box"
+    folder.mkdir()
+    tmp_path.chmod(0o755)
+    os.chown(folder, 61900, 61900)
+    site = Path(sys.prefix) / "lib" / f"python{sys.version_info.major}." \
+        f"{sys.version_info.minor}" / "site-packages"
+    code = (f"import site, json; site.addsitedir({str(site)!r})\n"
+            "from pathlib import Path\n"
+            "from compaction_bench.histories.agent.sandbox import Sandbox\n"
+            f"box = Sandbox(Path({str(folder)!r}))\n"
+            "print(json.dumps(box.totals_in_force())); box.close()")
+    done = subprocess.run(["setpriv", "--reuid=61900", "--regid=61900", "--clear-groups",
+                           "/usr/bin/python3", "-c", code], capture_output=True, text=True,
+                          timeout=120, env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"},
+                          cwd="/tmp", check=False)
+    assert done.returncode == 0, done.stderr
+    record = done.stdout
+    assert '"not_in_force"' in record and "memory" in record and "workspace" in record
+    assert "does not let the suite create a memory cgroup" in record

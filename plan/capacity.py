@@ -14,6 +14,14 @@ quantile meets the target. Two engine limits cap it:
 Agents per GPU is floor(min(N_slo, caps)), the binding limit named; with a fleet of A agents,
 GPUs needed = ceil(A / agents per GPU) x the profile's GPUs per replica.
 
+Failed continuations count as SLO misses (issue 22): a failed task gave the agent nothing, so
+it ranks above every complete one. A level whose failed share exceeds 1 - q cannot meet the
+SLO's q-quantile at all: it leaves the fit and caps N below itself (binding "failures at N=..."),
+and a level that lost every continuation is named (`lost`). Elsewhere the q-quantile over all
+continuations is the q n_all / n_ok quantile of the complete ones. Throughput counts completed
+tasks: the cycle per task is every continuation's cycle (failed ones too) over the completed
+ones.
+
 Quantiles are Harrell-Davis estimates. Intervals: a joint bootstrap resamples each (arm,
 level)'s continuations with replacement (B times, one seeded generator; smoothed for the
 quantiles, common.resampling) and refits; a relative SLO is recomputed from each resample's
@@ -28,7 +36,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from compaction_bench.common.resampling import interval, replicates, smoothed
+from compaction_bench.common.resampling import interval, smoothed
 from compaction_bench.common.resampling import quantile as hd_quantile
 from compaction_bench.plan.curve import CurveBatch, MonotoneCurve, leave_one_level_out
 from compaction_bench.plan.observations import SWEEP, Continuation, Engine, Observations
@@ -47,10 +55,33 @@ class Level:
     failed: int
     duty: float | None
     resident_tokens: list[int]
+    failed_cycle_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     @property
     def n(self) -> int:
         return len(self.postfork_s)
+
+    @property
+    def n_all(self) -> int:
+        return self.n + self.failed
+
+    def missed(self, quantile: float, failed: float | None = None) -> bool:
+        """Whether failures alone put the level's q-quantile beyond any SLO (module docstring)."""
+        count = self.failed if failed is None else failed
+        return self.n_all > 0 and count > (1.0 - quantile) * self.n_all + 1e-9
+
+    def rank(self, quantile: float, failed: float | None = None) -> float:
+        """The quantile of the complete continuations that is the q-quantile of all of them,
+        failures ranked above (module docstring)."""
+        count = self.failed if failed is None else failed
+        # kept below 1, where the Harrell-Davis weights are undefined: such a level is missed
+        return min(self.n / (self.n + 1), quantile * self.n_all / max(self.n_all - count, 1))
+
+    @property
+    def cycle_per_task_s(self) -> float:
+        """Every continuation's cycle over the completed ones (inf: none completed)."""
+        total = float(self.cycle_s.sum() + self.failed_cycle_s.sum())
+        return total / self.n if self.n else math.inf
 
 
 @dataclass
@@ -71,13 +102,24 @@ class ArmCapacity:
     seq_cap: int | None
     duty: float | None
     resident_tokens: float | None
-    agents: int  # agents per GPU (per replica), after the caps
-    agents_ci: tuple[int, int]
+    agents: int | None  # agents per replica, after the caps; None: unbounded (binding says)
+    agents_ci: tuple[float, float]  # whole numbers; an end may be inf (unbounded resamples)
     binding: str
     extrapolated: bool  # the planned fleet lies beyond the measured levels
     replicates: np.ndarray = field(repr=False)  # agents per replica, one per resample
     cycle_replicates: np.ndarray = field(repr=False)  # mean cycle at the replicate's agents
     lolo: list[dict[str, float | bool]] = field(default_factory=list)
+    gpus_per_replica: int = 1
+    excluded: list[Level] = field(default_factory=list)  # missed by failures, or lost
+
+    @property
+    def unbounded(self) -> bool:
+        return self.agents is None
+
+    @property
+    def agents_per_gpu(self) -> float | None:
+        """Agents per replica over the replica's GPUs (None: unbounded)."""
+        return None if self.agents is None else self.agents / self.gpus_per_replica
 
     @property
     def lolo_mape(self) -> float | None:
@@ -104,27 +146,43 @@ def _levels(continuations: list[Continuation]) -> list[Level]:
             level=level, postfork_s=np.array([c.postfork_s for c in ok]),
             cycle_s=np.array([c.cycle_s for c in ok]), failed=len(group) - len(ok),
             duty=min(1.0, sum(b for b, _ in busy) / sum(t for _, t in busy)) if busy else None,
-            resident_tokens=[c.resident_tokens for c in ok if c.resident_tokens is not None]))
+            resident_tokens=[c.resident_tokens for c in ok if c.resident_tokens is not None],
+            failed_cycle_s=np.array([c.cycle_s for c in group if not c.complete])))
     return out
 
 
-def _floor(value: float | None) -> int:
+UNBOUNDED = "unbounded (the curve never reaches the SLO and no engine limit is known)"
+
+
+def _floor(value: float | None) -> float:
     if value is None:
         return 0
-    return 10**9 if math.isinf(value) else max(0, math.floor(value + 1e-9))
+    return math.inf if math.isinf(value) else max(0, math.floor(value + 1e-9))
 
 
-def capped(n_slo: float | None, kv_cap: int | None, seq_cap: int | None) -> tuple[int, str]:
-    """Agents per replica and the binding limit."""
-    limits = [("SLO", _floor(n_slo))]
+def capped(n_slo: float | None, kv_cap: int | None, seq_cap: int | None,
+           failure_cap: tuple[str, int] | None = None) -> tuple[float, str]:
+    """Agents per replica (inf: unbounded) and the binding limit."""
+    limits: list[tuple[str, float]] = [("SLO", _floor(n_slo))]
     limits += [(name, cap) for name, cap in (("KV cache", kv_cap), ("max_num_seqs", seq_cap))
                if cap is not None]
+    limits += [failure_cap] if failure_cap is not None else []
     name, agents = min(limits, key=lambda item: item[1])
-    if agents >= 10**9:
-        return 0, "unbounded (the curve never reaches the SLO and no engine limit is known)"
+    if math.isinf(agents):
+        return math.inf, UNBOUNDED
     if agents == 0 and name == "SLO":
         return 0, "SLO not met even by one agent"
     return agents, name
+
+
+def failure_cap(excluded: list[Level], quantile: float) -> tuple[str, int] | None:
+    """The cap below the lowest level that failures put beyond the SLO (module docstring)."""
+    if not excluded:
+        return None
+    first = min(excluded, key=lambda lv: lv.level)
+    what = ("every continuation failed" if first.n == 0 else
+            f"{first.failed}/{first.n_all} failed, more than {1 - quantile:.0%}")
+    return f"failures at N={first.level} ({what})", first.level - 1
 
 
 def _caps(levels: list[Level], engine: Engine, quantile: float
@@ -151,14 +209,27 @@ def sweep_levels(observations: Observations) -> dict[str, list[Level]]:
 
 
 def _resample(levels: list[Level], quantile: float, rng: np.random.Generator, b: int
-              ) -> tuple[np.ndarray, np.ndarray]:
-    """(B x levels) resampled quantiles and mean cycles."""
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(B x levels) resampled quantiles and cycles per completed task, and per resample the cap
+    that its own failures put on N (inf: none). Each resample's failure count is the binomial
+    draw a resample of the level's continuations would give; the complete times are smoothed."""
     qs, cycles = np.empty((b, len(levels))), np.empty((b, len(levels)))
+    caps = np.full(b, np.inf)
     for j, lv in enumerate(levels):
-        qs[:, j] = hd_quantile(smoothed(np.maximum(lv.postfork_s, 1e-9), b, rng), quantile,
-                               axis=1)
-        cycles[:, j] = replicates(lv.cycle_s, rng, "mean", b)
-    return qs, cycles
+        draws = smoothed(np.maximum(lv.postfork_s, 1e-9), b, rng)
+        failed = rng.binomial(lv.n_all, lv.failed / lv.n_all, size=b)
+        for count in np.unique(failed):
+            rows = failed == count
+            qs[rows, j] = hd_quantile(draws[rows], lv.rank(quantile, int(count)), axis=1)
+            if lv.missed(quantile, int(count)):
+                caps[rows] = np.minimum(caps[rows], lv.level - 1)
+        every = np.concatenate([lv.cycle_s, lv.failed_cycle_s])
+        done = np.concatenate([np.ones(lv.n), np.zeros(lv.failed)])
+        index = rng.integers(0, lv.n_all, size=(b, lv.n_all))
+        with np.errstate(divide="ignore"):
+            per_task = every[index].sum(axis=1) / done[index].sum(axis=1)
+        cycles[:, j] = np.where(np.isfinite(per_task), per_task, lv.cycle_per_task_s)
+    return qs, cycles, caps
 
 
 def _inverse(curve: MonotoneCurve, target: float) -> tuple[float | None, bool]:
@@ -169,26 +240,30 @@ def _inverse(curve: MonotoneCurve, target: float) -> tuple[float | None, bool]:
 def plan_capacity(observations: Observations, config: PlanConfig) -> dict[str, ArmCapacity]:
     """Every arm's capacity figures (module docstring)."""
     slo = config.target
-    by_arm = {arm: [lv for lv in levels if lv.n > 0]
-              for arm, levels in sweep_levels(observations).items()}
+    measured = sweep_levels(observations)
+    by_arm = {arm: [lv for lv in levels if lv.n > 0 and not lv.missed(slo.quantile)]
+              for arm, levels in measured.items()}
     by_arm = {arm: levels for arm, levels in by_arm.items() if levels}
     if not by_arm:
-        raise PlanError(f"{observations.path}: no complete measured sweep continuations to fit")
+        raise PlanError(f"{observations.path}: no measured sweep level where enough "
+                        f"continuations completed to fit (more than {slo.quantile:.0%} of a "
+                        "level's); see the sweep's failures in its arms.jsonl")
     rng = np.random.default_rng(config.seed)
     resampled = {arm: _resample(levels, slo.quantile, rng, config.bootstrap)
                  for arm, levels in by_arm.items()}
-    point_q = {arm: np.array([float(hd_quantile(lv.postfork_s, slo.quantile)) for lv in levels])
-               for arm, levels in by_arm.items()}
+    point_q = {arm: np.array([float(hd_quantile(lv.postfork_s, lv.rank(slo.quantile)))
+                              for lv in levels]) for arm, levels in by_arm.items()}
     slo_point, slo_reps = _targets(slo, by_arm, point_q, resampled, config.bootstrap)
     out = {}
     for arm, levels in by_arm.items():
-        out[arm] = _arm(arm, levels, point_q[arm], resampled[arm], slo_point, slo_reps,
-                        observations.engine, slo, config)
+        excluded = [lv for lv in measured[arm] if lv not in levels]
+        out[arm] = _arm(arm, levels, excluded, point_q[arm], resampled[arm], slo_point,
+                        slo_reps, observations.engine, slo, config)
     return out
 
 
 def _targets(slo: Slo, by_arm: dict[str, list[Level]], point_q: dict[str, np.ndarray],
-             resampled: dict[str, tuple[np.ndarray, np.ndarray]], b: int
+             resampled: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]], b: int
              ) -> tuple[float, np.ndarray]:
     """The SLO in seconds, and per resample (a relative SLO moves with its reference)."""
     if not slo.relative:
@@ -198,53 +273,69 @@ def _targets(slo: Slo, by_arm: dict[str, list[Level]], point_q: dict[str, np.nda
             slo.value * resampled[reference][0][:, 0])
 
 
-def _arm(arm: str, levels: list[Level], quantiles: np.ndarray,
-         resampled: tuple[np.ndarray, np.ndarray], slo_s: float, slo_reps: np.ndarray,
-         engine: Engine, slo: Slo, config: PlanConfig) -> ArmCapacity:
+def _arm(arm: str, levels: list[Level], excluded: list[Level], quantiles: np.ndarray,
+         resampled: tuple[np.ndarray, np.ndarray, np.ndarray], slo_s: float,
+         slo_reps: np.ndarray, engine: Engine, slo: Slo, config: PlanConfig) -> ArmCapacity:
     x = [lv.level for lv in levels]
     weights = [lv.n for lv in levels]
-    qs, cycles = resampled
+    qs, cycles, row_caps = resampled
     kv_cap, seq_cap, duty, resident = _caps(levels, engine, slo.quantile)
+    failures = failure_cap(excluded, slo.quantile)
     n_slo, n_extra = _inverse(MonotoneCurve(x, quantiles, weights), slo_s)
-    agents, binding = capped(n_slo, kv_cap, seq_cap)
+    agents, binding = capped(n_slo, kv_cap, seq_cap, failures)
     n_arr = CurveBatch(x, qs, weights).inverse(slo_reps)
-    agents_arr = np.array([capped(None if math.isnan(v) else float(v), kv_cap, seq_cap)[0]
-                           for v in n_arr])
-    cycle_arr = np.where(agents_arr > 0, CurveBatch(x, cycles, weights).at(agents_arr), np.nan)
+    agents_arr = np.array([capped(None if math.isnan(v) else float(v), kv_cap, seq_cap,
+                                  failures)[0] for v in n_arr])
+    agents_arr = np.minimum(agents_arr, row_caps)
+    usable = np.isfinite(agents_arr) & (agents_arr > 0)
+    cycle_arr = np.full(len(agents_arr), np.nan)
+    cycle_arr[usable] = CurveBatch(x, cycles[usable], weights).at(agents_arr[usable]) if (
+        usable.any()) else cycle_arr[usable]
     n_ci = interval(np.where(np.isnan(n_arr), 0.0, n_arr), config.confidence)  # none: 0
     low, high = interval(agents_arr, config.confidence)
+    whole = None if math.isinf(agents) else int(agents)
     return ArmCapacity(
         arm=arm, levels=levels, quantiles=quantiles,
         quantile_ci=[interval(qs[:, j], config.confidence) for j in range(len(levels))],
-        mean_cycle=np.array([lv.cycle_s.mean() for lv in levels]),
+        mean_cycle=np.array([lv.cycle_per_task_s for lv in levels]),
         slo_s=slo_s, slo_ci=interval(slo_reps, config.confidence), n_slo=n_slo,
         n_slo_ci=n_ci, n_slo_extrapolated=n_extra,
-        kv_cap=kv_cap, seq_cap=seq_cap, duty=duty, resident_tokens=resident, agents=agents,
-        agents_ci=(math.floor(low), math.ceil(high)), binding=binding,
-        extrapolated=agents > x[-1] or (agents < x[0] and agents > 0),
+        kv_cap=kv_cap, seq_cap=seq_cap, duty=duty, resident_tokens=resident, agents=whole,
+        agents_ci=(float(math.floor(low)) if math.isfinite(low) else math.inf,
+                   float(math.ceil(high)) if math.isfinite(high) else math.inf),
+        binding=binding,
+        extrapolated=whole is not None and (whole > x[-1] or 0 < whole < x[0]),
         replicates=agents_arr, cycle_replicates=cycle_arr,
-        lolo=leave_one_level_out(x, list(quantiles), weights))
+        lolo=leave_one_level_out(x, list(quantiles), weights),
+        gpus_per_replica=engine.gpus_per_replica, excluded=excluded)
 
 
 @dataclass(frozen=True)
 class FleetNeed:
-    """Replicas and GPUs for a fleet of `agents` agents of one arm."""
+    """Replicas and GPUs for a fleet of `agents` agents of one arm. Unbounded capacity: `gpus`
+    None and the interval's low end one replica's GPUs (no upper limit was measured)."""
 
     agents: int
     gpus: int | None
     gpus_ci: tuple[int | None, int | None]
     replicas: int | None
+    unbounded: bool = False
 
 
 def gpus_needed(capacity: ArmCapacity, fleet: int, gpus_per_replica: int,
                 confidence: float) -> FleetNeed:
-    """ceil(fleet / agents per replica) replicas of the profile's GPUs, with the interval
-    from the bootstrap's agents per replica (a resample with none attainable: unbounded)."""
+    """ceil(fleet / agents per replica) replicas of the profile's GPUs, with the interval from
+    the bootstrap's agents per replica: a resample with none attainable needs infinitely many,
+    one with unbounded capacity one replica (what is known: at least that)."""
+    if capacity.agents is None:
+        return FleetNeed(fleet, None, (gpus_per_replica, None), None, unbounded=True)
     if capacity.agents <= 0:
         return FleetNeed(fleet, None, (None, None), None)
     replicas = math.ceil(fleet / capacity.agents)
     reps = capacity.replicates
-    need = np.where(reps > 0, np.ceil(fleet / np.maximum(reps, 1)), np.inf) * gpus_per_replica
+    with np.errstate(divide="ignore", invalid="ignore"):
+        need = np.where(reps > 0, np.maximum(1.0, np.ceil(fleet / np.maximum(reps, 1))),
+                        np.inf) * gpus_per_replica
     low, high = interval(need, confidence)
     return FleetNeed(fleet, replicas * gpus_per_replica,
                      (int(low), None if math.isinf(high) else math.ceil(high)), replicas)

@@ -2,7 +2,9 @@
 
 In a sweep at level N, N agents share one replica in a closed loop, each finishing a task every
 cycle (postfork time plus its own rewriting; the bench-only setup and replay left out), so by
-Little's law the replica completes N / mean(cycle) tasks per second:
+Little's law the replica completes N / mean(cycle) tasks per second. A failed continuation
+spends its cycle and completes nothing, so `mean cycle` is the cycle per completed task: every
+continuation's cycle, failed ones too, over the completed ones (plan.capacity.Level):
 tasks per GPU-hour = 3600 N / (mean cycle x GPUs per replica), GPU-seconds per task =
 GPUs x mean cycle / N, joules per task = the replica's mean NVML power in the cell's measured
 window x mean cycle / N. A second of an agent's time at level N costs GPUs / N GPU-seconds,
@@ -98,9 +100,19 @@ def level_figures(capacity: ArmCapacity, observations: Observations, prices: Pri
     """The figures at every measured level of one arm (module docstring)."""
     gpus = observations.engine.gpus_per_replica
     out = []
-    for lv in capacity.levels:
-        reps = replicates(lv.cycle_s, rng, "mean", b)
-        mean = float(lv.cycle_s.mean())
+    for lv in sorted([*capacity.levels, *capacity.excluded], key=lambda lv: lv.level):
+        if lv.n == 0:  # lost every continuation: no task completed, named as such
+            out.append(TaskFigures(capacity.arm, f"N={lv.level}", lv.level, 0, 0.0, None, None,
+                                   None, None, prices.unit, None, None, None,
+                                   note=f"every continuation failed ({lv.failed})"))
+            continue
+        # per completed task: every continuation's cycle, failed ones too, over the completed
+        every = np.concatenate([lv.cycle_s, lv.failed_cycle_s])
+        done = np.concatenate([np.ones(lv.n), np.zeros(lv.failed)])
+        index = rng.integers(0, lv.n_all, size=(b, lv.n_all))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            reps = every[index].sum(axis=1) / done[index].sum(axis=1)
+        mean = lv.cycle_per_task_s
         group = [c for c in observations.of(capacity.arm, "sweep") if c.level == lv.level]
         out.append(_figures(capacity.arm, f"N={lv.level}", lv.level, lv.n, mean, reps, gpus,
                             prices, _tokens(group), mean_power(
@@ -115,7 +127,7 @@ def operating_point(capacity: ArmCapacity, observations: Observations, prices: P
     """The figures at the planned fleet (agents per GPU), from the monotone mean-cycle curve;
     intervals from the capacity bootstrap (each resample at its own agents per GPU)."""
     n = capacity.agents
-    if n <= 0:
+    if n is None or n <= 0:  # unbounded or none attainable: no operating point (its binding)
         return None
     levels = [lv.level for lv in capacity.levels]
     weights = [lv.n for lv in capacity.levels]
@@ -125,7 +137,7 @@ def operating_point(capacity: ArmCapacity, observations: Observations, prices: P
     reps_n = capacity.replicates.astype(float)
     reps_cycle = capacity.cycle_replicates
     with np.errstate(divide="ignore", invalid="ignore"):
-        per_task = np.where(reps_n > 0, reps_cycle / reps_n, np.nan)
+        per_task = np.where((reps_n > 0) & np.isfinite(reps_n), reps_cycle / reps_n, np.nan)
     found = _figures(capacity.arm, f"planned N={n}", n, sum(weights), mean, None,
                      observations.engine.gpus_per_replica, prices, _tokens(group),
                      mean_power(observations, observations.windows.get((capacity.arm,

@@ -56,7 +56,8 @@ def curve_plot(plan: Plan, path: Path) -> Path | None:
     figure = Figure(figsize=(7.5, 4.8))
     ax = figure.subplots()
     top_measured = max(lv.level for c in plan.capacity.values() for lv in c.levels)
-    right = max(top_measured * 1.5, *(c.agents + 1 for c in plan.capacity.values()))
+    right = max(top_measured * 1.5, *(c.agents + 1 for c in plan.capacity.values()
+                                      if c.agents is not None))
     _extrapolated_band(ax, top_measured, right)
     counts = []
     for i, (arm, cap) in enumerate(plan.capacity.items()):
@@ -74,7 +75,7 @@ def curve_plot(plan: Plan, path: Path) -> Path | None:
         ax.plot(inside, [curve(v) for v in inside], color=c, linewidth=1.5)
         outside = np.linspace(x[-1], right, 50)
         ax.plot(outside, [curve(v) for v in outside], color=c, linewidth=1.2, linestyle="--")
-        if cap.agents > 0:
+        if cap.agents:
             ax.axvline(cap.agents, color=c, linestyle=":", linewidth=1.2)
             ax.plot([cap.agents], [cap.slo_s], marker="v", color=c, markersize=9,
                     label=f"{arm}: {cap.agents} agents/GPU [{cap.agents_ci[0]}, "

@@ -22,7 +22,7 @@ from compaction_bench.plan.planner import Plan
 from compaction_bench.plan.settings import PlanConfig
 
 PLAN_SCHEMA = "compbench.plan"
-PLAN_SCHEMA_VERSION = 1
+PLAN_SCHEMA_VERSION = 2
 FIT_METHOD = ("weighted isotonic regression of the per-level quantile, then scipy "
               "PchipInterpolator; linear beyond the measured levels")
 
@@ -53,7 +53,7 @@ def _figures(f: TaskFigures | None) -> dict[str, Any] | None:
 def _need(need: FleetNeed, gpus_per_replica: int, extrapolated: bool) -> dict[str, Any]:
     return {"agents": need.agents, "gpus": need.gpus, "gpus_ci": list(need.gpus_ci),
             "replicas": need.replicas, "gpus_per_replica": gpus_per_replica,
-            "extrapolated": extrapolated}
+            "extrapolated": extrapolated, "unbounded": need.unbounded}
 
 
 def _arm(plan: Plan, cap: ArmCapacity) -> dict[str, Any]:
@@ -74,7 +74,10 @@ def _arm(plan: Plan, cap: ArmCapacity) -> dict[str, Any]:
     at_agents = next((n for n in fleets if n.agents == plan.config.agents), None)
     return {
         "agents_per_gpu": {
-            "value": cap.agents, "ci": list(cap.agents_ci), "binding": cap.binding,
+            "value": cap.agents, "unbounded": cap.unbounded, "ci": pair(cap.agents_ci),
+            "ci_high_infinite": math.isinf(cap.agents_ci[1]),
+            "per_gpu": num(cap.agents_per_gpu), "gpus_per_replica": cap.gpus_per_replica,
+            "binding": cap.binding,
             "extrapolated": cap.extrapolated, "n_slo": num(cap.n_slo),
             "n_slo_infinite": cap.n_slo is not None and math.isinf(cap.n_slo),
             "n_slo_ci": pair(cap.n_slo_ci), "n_slo_extrapolated": cap.n_slo_extrapolated,
@@ -85,6 +88,8 @@ def _arm(plan: Plan, cap: ArmCapacity) -> dict[str, Any]:
             "max_num_seqs": engine.max_num_seqs,
             "n_continuations": sum(lv.n for lv in cap.levels)},
         "levels": levels,
+        "excluded_levels": [{"level": lv.level, "n": lv.n, "failed": lv.failed,
+                             "lost": lv.n == 0} for lv in cap.excluded],
         "fit": {"method": FIT_METHOD, "leave_one_level_out": cap.lolo,
                 "lolo_mape_interior_pct": num(cap.lolo_mape),
                 "lolo_mape_all_pct": num(cap.lolo_mape_all)},

@@ -139,7 +139,9 @@ def _breakeven(obs: Observations, capacity: dict[str, ArmCapacity], prices: Pric
                                  b=config.bootstrap, confidence=config.confidence, rng=rng)
     headline = None
     if capacity:
-        planned = capacity[REFERENCE].agents if REFERENCE in capacity else 1
+        found = capacity[REFERENCE].agents if REFERENCE in capacity else 1
+        planned = found if found is not None else max(  # unbounded: the largest measured
+            (c.level for c in obs.continuations if c.level is not None), default=1)
         measured = sorted({c.level for c in obs.continuations if c.level is not None})
         below = [n for n in measured if n <= max(planned, 1)]
         headline = f"sweep N={below[-1] if below else measured[0]}"
@@ -185,6 +187,10 @@ def _reach(obs: Observations, capacity: dict[str, ArmCapacity], prices: Prices
     if any(c.fork_rewrite_s is None for c in obs.continuations if c.arm != REFERENCE):
         cannot.append("break-even uses need the one-time rewrite time (fork_rewrite_s), which "
                       "some records lack: their break-even is given per second of rewriting")
+    if REFERENCE not in obs.arms:
+        cannot.append(f"break-even uses and every saving need the {REFERENCE} arm, which this "
+                      f"run lacks (arms: {', '.join(obs.arms) or 'none'}): run it with "
+                      f"ARMS={REFERENCE},...")
     if prices.gpu_hour_usd is None:
         notes.append("costs are in GPU-seconds: pass GPU_HOUR_USD for dollars")
     return cannot, notes

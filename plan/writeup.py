@@ -75,17 +75,30 @@ def _capacity(plan: Plan, document: dict[str, Any]) -> list[str]:
     slo = plan.config.target
     target = f"{fmt(first.slo_s, 1)} s" + (interval(first.slo_ci, 1) if slo.relative else "")
     lines = [f"## Agents per GPU (SLO {slo.label} = {target})", ""]
+    engine = plan.observations.engine
     rows = []
     for arm, cap in plan.capacity.items():
-        rows.append([arm, f"**{cap.agents}**{interval(cap.agents_ci, 0)}"
-                     f"{' (extrapolated)' if cap.extrapolated else ''}", cap.binding,
-                     f"{fmt(cap.n_slo, 1)}{interval(cap.n_slo_ci, 1)}"
+        rows.append([arm, f"{_agents(cap.agents)}{_agents_ci(cap.agents_ci)}"
+                     f"{' (extrapolated)' if cap.extrapolated else ''}",
+                     "unbounded" if cap.agents_per_gpu is None else fmt(cap.agents_per_gpu, 1),
+                     cap.binding,
+                     f"{_unbounded(cap.n_slo, 1)}{_agents_ci(cap.n_slo_ci, 1)}"
                      f"{' (extrapolated)' if cap.n_slo_extrapolated else ''}",
                      str(cap.kv_cap or "-"), f"{cap.seq_cap or '-'} (duty {fmt(cap.duty)})",
-                     str(sum(lv.n for lv in cap.levels))])
-    lines += table(["arm", "agents per GPU", "binding limit", "N meeting the SLO",
-                    "KV-cache cap", "sequence cap", "n"], rows)
-    engine = plan.observations.engine
+                     f"{sum(lv.n for lv in cap.levels)} "
+                     f"({sum(lv.failed for lv in cap.levels)} failed)"])
+    lines += table(["arm", f"agents per replica ({engine.gpus_per_replica} GPU)",
+                    "agents per GPU", "binding limit", "N meeting the SLO", "KV-cache cap",
+                    "sequence cap", "n"], rows)
+    lines += ["", "A replica is the profile's GPUs serving one engine; agents per GPU = agents "
+              f"per replica / {engine.gpus_per_replica}. Failed continuations count as SLO "
+              "misses (plan/capacity.py). *unbounded*: the curve never reaches the SLO within "
+              "what was measured and no engine limit is known, so no upper end exists."]
+    lines += [f"- {arm}: N={lv.level} left out of the fit: "
+              + ("every continuation failed" if lv.n == 0 else
+                 f"{lv.failed}/{lv.n_all} failed, so its p"
+                 f"{100 * slo.quantile:g} is a miss") + f" (n={lv.n_all})"
+              for arm, cap in plan.capacity.items() for lv in cap.excluded]
     source = engine.kv_source or "not recorded"
     lines += ["", f"KV pool: {fmt(engine.kv_pool_tokens, 0)} tokens ({source}); resident "
               "tokens per agent = the SLO's quantile of each "
@@ -95,6 +108,9 @@ def _capacity(plan: Plan, document: dict[str, Any]) -> list[str]:
     rows = []
     for arm, entry in document["arms"].items():
         need = entry["gpus_needed"] or {}
+        if need.get("unbounded"):
+            rows.append([arm, f"at least {need['gpus_ci'][0]} (capacity unbounded)", "-", "-"])
+            continue
         rows.append([arm, f"**{need.get('gpus') or '-'}**{interval(need.get('gpus_ci'), 0)}",
                      f"{need.get('replicas') or '-'} x {engine.gpus_per_replica}",
                      "yes" if need.get("extrapolated") else "no"])
@@ -110,9 +126,22 @@ def _capacity(plan: Plan, document: dict[str, Any]) -> list[str]:
                      f"{fmt(f.gpu_s_per_task)}{interval(f.gpu_s_per_task_ci)}",
                      f"{fmt(f.cost_per_task, _digits(f.cost_unit))} {f.cost_unit}",
                      fmt(f.joules_per_task, 0)])
-    lines += table(["arm", "agents per GPU", "tasks per GPU-hour", "GPU-s per task",
+    lines += table(["arm", "agents per replica", "tasks per GPU-hour", "GPU-s per task",
                     "cost per task", "J per task"], rows)
     return [*lines, ""]
+
+
+def _unbounded(value: float | None, digits: int = 0) -> str:
+    return "unbounded" if value is not None and math.isinf(value) else fmt(value, digits)
+
+
+def _agents(value: int | None) -> str:
+    return "**unbounded**" if value is None else f"**{value}**"
+
+
+def _agents_ci(values: Sequence[float], digits: int = 0) -> str:
+    low, high = values
+    return f" [{_unbounded(low, digits)}, {_unbounded(high, digits)}]"
 
 
 def _levels(plan: Plan) -> list[str]:
@@ -123,15 +152,18 @@ def _levels(plan: Plan) -> list[str]:
     rows = []
     for arm, cap in plan.capacity.items():
         figures = {f.condition: f for f in plan.level_figures[arm]}
-        for j, lv in enumerate(cap.levels):
+        fitted = {lv.level: j for j, lv in enumerate(cap.levels)}
+        for lv in sorted([*cap.levels, *cap.excluded], key=lambda lv: lv.level):
             f = figures[f"N={lv.level}"]
+            j = fitted.get(lv.level)
             rows.append([arm, str(lv.level), str(lv.n), str(lv.failed),
+                         "missed (failures)" if j is None else
                          f"{fmt(float(cap.quantiles[j]), 1)}{interval(cap.quantile_ci[j], 1)}",
-                         fmt(float(cap.mean_cycle[j]), 1), fmt(lv.duty),
+                         fmt(lv.cycle_per_task_s, 1), fmt(lv.duty),
                          f"{fmt(f.tasks_per_gpu_hour, 0)}{interval(f.tasks_per_gpu_hour_ci, 0)}",
                          fmt(f.joules_per_task, 0)])
-    lines += table(["arm", "N", "n", "failed", f"{q} postfork s", "mean cycle s", "duty",
-                    "tasks per GPU-hour", "J per task"], rows)
+    lines += table(["arm", "N", "n", "failed", f"{q} postfork s", "cycle s per completed task",
+                    "duty", "tasks per GPU-hour", "J per task"], rows)
     lines += ["", "### How far the curve reaches", ""]
     for arm, cap in plan.capacity.items():
         if not cap.lolo:

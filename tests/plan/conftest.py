@@ -53,11 +53,15 @@ class Truth:
 
 def write_sweep_run(path: Path, *, seed: int, truth: Truth = Truth(),
                     levels: tuple[int, ...] = (1, 2, 4, 8), per_level: int = 30,
-                    max_num_seqs: int = 64, requests: bool = False, warmup: bool = True,
-                    profile: str = "synthetic", power_w: float | None = None) -> Path:
+                    max_num_seqs: int | None = 64, requests: bool = False, warmup: bool = True,
+                    profile: str = "synthetic", power_w: float | None = None,
+                    fail_above_s: float | None = None, gpus: int = 1,
+                    arm_names: tuple[str, ...] = ("clean", "self")) -> Path:
     """A sweep run folder (module docstring). With `requests`, every continuation gets three
     requests spanning 60% of it (duty 0.6) with 1000 + 500 k prompt tokens. With `power_w`,
-    `gpu.jsonl` has two GPUs drawing power_w / 2 each, sampled every second, as NVML lines."""
+    `gpu.jsonl` has two GPUs drawing power_w / 2 each, sampled every second, as NVML lines.
+    With `fail_above_s`, a measured continuation whose time would exceed it fails there (the
+    arm wall limit: status failed, postfork_s = the limit), so the slowest fail at high N."""
     rng = np.random.default_rng(seed)
     arms: list[ArmRecord] = []
     blocks: list[BlockRecord] = []
@@ -71,7 +75,7 @@ def write_sweep_run(path: Path, *, seed: int, truth: Truth = Truth(),
         times = [(truth.a + truth.b * level) * float(np.exp(truth.sigma * rng.normal()))
                  for _ in range(agents * per_agent)]
         savings = rng.normal(truth.saving_mean, truth.saving_sd, size=len(times))
-        for arm in ("clean", "self"):
+        for arm in arm_names:
             start = t
             for i in range(agents):
                 for k in range(per_agent + (1 if warmup else 0)):
@@ -81,9 +85,13 @@ def write_sweep_run(path: Path, *, seed: int, truth: Truth = Truth(),
                     postfork = base - (savings[j] if arm == "self" and phase == "measured"
                                        else 0.0)
                     block = (level * 10_000 + i) * 10_000 + k + 1
+                    failed = fail_above_s is not None and postfork > fail_above_s
+                    postfork = min(postfork, fail_above_s) if failed and fail_above_s else (
+                        postfork)
                     arms.append(ArmRecord(
                         regime="sweep", block=block, arm=arm, attempt="original",
-                        status="complete", postfork_s=postfork, rewrite_s=0.0,
+                        status="failed" if failed else "complete", postfork_s=postfork,
+                        rewrite_s=0.0,
                         started_s=t, ended_s=t + postfork, level=level, sweep_agent=i,
                         sweep_index=k, sweep_phase=phase,
                         fork_rewrite_s=truth.fork_rewrite_s if arm == "self" else None))
@@ -103,9 +111,9 @@ def write_sweep_run(path: Path, *, seed: int, truth: Truth = Truth(),
                          "measured_window_s": [start, t]})
     cells.close()
     write_json(path / "manifest.json", {
-        "run_id": path.name, "task": "synthetic", "arms": ["clean", "self"], "profile": profile,
+        "run_id": path.name, "task": "synthetic", "arms": list(arm_names), "profile": profile,
         "regime": {"name": "sweep", "max_num_seqs": max_num_seqs},
-        "server": {"profile": {"name": profile, "engine": "fake", "gpus": 1,
+        "server": {"profile": {"name": profile, "engine": "fake", "gpus": gpus,
                                "engine_args": {"max_num_seqs": max_num_seqs}}},
         "sweep": {"levels": list(levels),
                   "server_cache_config": {"num_gpu_blocks": "100", "block_size": "128"}}})

@@ -92,7 +92,18 @@ class Snapshots:
         with tempfile.TemporaryDirectory(dir=self.gitdir) as scratch:
             index = Path(scratch) / "index"
             self._git("update-index", "-z", "--add", "--index-info", stdin=lines, index=index)
-            return self._git("write-tree", index=index).decode().strip()
+            tree = self._git("write-tree", index=index).decode().strip()
+        # git drops a path it reserves (`.GIT/x`, `a/.Git`) with no error: that change would be
+        # missing from the patch, so the capture fails naming it instead
+        kept = set(self._git("ls-tree", "-r", "-z", "--name-only", tree).split(b"\0"))
+        wanted = [entry.split(b"\t", 1)[1] for entry in lines.split(b"\0") if entry]
+        refused = [p.decode("utf-8", "replace") for p in wanted if p not in kept]
+        if refused:
+            raise CaptureError(f"patch capture: git refuses the path {refused[0]!r}"
+                               f"{f' and {len(refused) - 1} more' if len(refused) > 1 else ''}"
+                               " (a name git reserves for its repository); the run's patch "
+                               "cannot hold it")
+        return tree
 
     def keep_base(self, root: Path) -> None:
         """Take the pristine tree (before the agent acts)."""

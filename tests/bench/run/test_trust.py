@@ -26,7 +26,9 @@ pytestmark = pytest.mark.e2e
 # arms send it to their compressor before the next request; `ls` keeps the agent going.
 LONG_LS = ("THOUGHT: I will list the files of this repository to find the module that holds "
            "the median function.\n\n```bash\nls\n```")
-RM_GIT = "THOUGHT: Remove the history.\n\n```bash\nrm -rf .git\n```"
+# a path git reserves: the host-side patch capture cannot hold it and fails the arm (removing
+# .git no longer breaks a capture that never reads the agent's repository)
+RESERVED = "THOUGHT: Break the patch.\n\n```bash\nmkdir .GIT && echo x > .GIT/x\n```"
 
 
 def lines(path: Path) -> list[dict[str, Any]]:
@@ -151,7 +153,7 @@ def test_stopping_the_external_compressor_fails_the_arm_with_a_reason(
 
 def test_a_broken_workspace_leaves_a_failed_record_and_recovery_reruns_it(
         tmp_path: Path) -> None:
-    with FakeProcess(FakeConfig(ttft_ms=5, itl_ms=1, default_content=RM_GIT)) as fake:
+    with FakeProcess(FakeConfig(ttft_ms=5, itl_ms=1, default_content=RESERVED)) as fake:
         done = bench(tmp_path, fake.api_url, "blocks=1", "arms=clean",
                      "run_id=git")
     assert done.returncode == 0, done.stderr

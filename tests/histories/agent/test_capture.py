@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from compaction_bench.histories.agent.capture import CaptureError
 from compaction_bench.histories.agent.workspace import ConfinedEnvironment, Workspace
 from compaction_bench.histories.tasks.task import load_task
 
@@ -70,3 +71,9 @@ def test_a_nested_repository_puts_no_git_warning_in_the_patch(ws: Workspace) -> 
 def test_an_untouched_workspace_gives_an_empty_patch(ws: Workspace) -> None:
     run(ws, "git status >/dev/null; python3 -m unittest -q test_stats_utils 2>/dev/null; true")
     assert ws.patch() == ""
+
+
+def test_a_path_git_reserves_fails_the_capture_naming_it(ws: Workspace) -> None:
+    run(ws, "mkdir .GIT && echo x > .GIT/x")
+    with pytest.raises(CaptureError, match="git refuses the path '.GIT/x'"):
+        ws.patch()

@@ -50,6 +50,7 @@ from compaction_bench.common.errors import ExitCode, SuiteError
 from compaction_bench.common.files import RecordWriteError
 from compaction_bench.histories.agent.chat import ChatModelConfig, config_for_profile
 from compaction_bench.histories.agent.sandbox import Confinement, confinement
+from compaction_bench.histories.agent.workspace import workspace_limits
 from compaction_bench.histories.compaction.ledger import Ledger
 from compaction_bench.histories.tasks.task import Task, load_task
 from compaction_bench.loadgen.replay import describe_plan
@@ -166,6 +167,8 @@ def run_session(config: BenchConfig, kind: RunKind, *, stream: TextIO = sys.stde
         sandbox = confinement()  # before anything starts: no unconfined agent unless asked
         paths = history_paths(config.task, config.arms)
     prints = {**fingerprint(config, profile, paths), **kind.prints(config, profile)}
+    if task is not None and sandbox is not None:  # a RESUME under a weaker box is another run
+        prints["sandbox"] = sandbox.record(workspace_limits(task))
     run_id, run_dir, manifest = open_run(config, prints)
     origin = float(manifest["clock_origin_monotonic"]) if manifest else time.monotonic()
     session = Session(config=config, profile=profile, task=task, sandbox=sandbox, paths=paths,
@@ -248,7 +251,7 @@ def _setup(session: Session, stack: ExitStack, prints: dict[str, Any], kind: Run
             blocks=int(extra.pop("blocks")))
         manifest.update({"clock_origin_monotonic": session.origin, "fingerprint": prints,
                          "structured_text": model.structured_text, "selfcheck": check,
-                         "sandbox": session.sandbox.describe() if session.sandbox else {
+                         "sandbox": prints["sandbox"] if session.sandbox else {
                              "level": "not needed", "why": "replay runs no agent commands"},
                          **replay_manifest, **extra})
         write_json(session.run_dir / "manifest.json", manifest)

@@ -30,6 +30,9 @@ from compaction_bench.histories.tasks.decision_protocol import (
 )
 from compaction_bench.histories.tasks.task import Task
 
+NO_BOX = {"level": "not needed", "why": "decision tasks run no command: their tools are served "
+                                        "by the suite"}
+
 
 @dataclass
 class Episode:
@@ -117,9 +120,11 @@ def open_episode(task: Task, config: ChatModelConfig, *, step_limit: int | None 
     if task.decision is None:
         with Workspace(task) as ws:
             assert ws.env is not None
+            assert ws.sandbox is not None
             yield Episode(env=ws.env, config=config,
                           settings=agent_settings(config.protocol, limit), patch=ws.patch,
-                          validate=lambda _submission: ws.validate(), fork_turn=fork)
+                          validate=lambda _submission: ws.validate(), fork_turn=fork,
+                          provenance={"sandbox": ws.sandbox.describe()})
         return
     decision = task.decision
     env = DecisionEnvironment(decision)
@@ -133,7 +138,7 @@ def open_episode(task: Task, config: ChatModelConfig, *, step_limit: int | None 
         patch=lambda: "", validate=lambda submission: answer_validation(decision, submission),
         fork_turn=fork, fork_at=decision_fork(env, fork),
         tools=decision.tools() if config.protocol == "tool_calls" else None,
-        provenance={"fork_after": decision.fork_after,
+        provenance={"sandbox": NO_BOX, "fork_after": decision.fork_after,
                     "fork_phase": decision.phases[fork - 1].name,
                     "tasks_json": str(task.root / "tasks.json"),
                     "final_line_allowed": not (to_fork and config.protocol == "text")})

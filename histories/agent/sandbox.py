@@ -30,25 +30,27 @@ past its timeout is killed with its whole tree. `run` never raises for what the 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import itertools
 import os
 import resource
-import select
 import shutil
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from compaction_bench.common.errors import SuiteError
-from compaction_bench.common.processtree import stop_tree
-from compaction_bench.histories.agent.totals import Totals
-from compaction_bench.histories.agent.view import seal, system_view
+from compaction_bench.histories.agent.seccomp import describe as describe_seccomp
+from compaction_bench.histories.agent.seccomp import filter_program
+from compaction_bench.histories.agent.streams import SandboxResult, collect
+from compaction_bench.histories.agent.totals import Totals, mount_workspace, unmount_workspace
+from compaction_bench.histories.agent.view import data_fd, seal, system_view
 
 Level = Literal["bwrap", "unshare", "none"]
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -84,25 +86,35 @@ class SandboxLimits(BaseModel):
                                    description="output past this is a flood: the command dies")
 
 
+CONFINES = {
+    "bwrap": "allowlist view (read-only /usr and loader files; no /run, /var, /opt, /srv, "
+             "home, checkout), writes to the workspace, sized /tmp and /dev/shm only; user, "
+             "PID, network, IPC, UTS and cgroup namespaces; no nested user namespace "
+             "(--disable-userns); seccomp denylist; empty environment; new session",
+    "unshare": "PID and network namespaces only: the host's file system (read-write where "
+               "the uid may write) and its unix sockets stay reachable",
+    "none": "nothing: the agent's commands ran as plain processes with per-process limits",
+}
+
+
 @dataclass(frozen=True)
 class Confinement:
     level: Level
     tool: str | None
     version: str | None
+    opt_in: str | None = None  # the variable that allowed a weaker level
+    totals: dict[str, dict[str, str]] = field(default_factory=dict, compare=False)
 
-    def describe(self) -> dict[str, str | None]:
-        return {"level": self.level, "tool": self.tool, "version": self.version}
+    def describe(self) -> dict[str, object]:
+        return {"level": self.level, "tool": self.tool, "version": self.version,
+                "opt_in": self.opt_in, "confines": CONFINES[self.level],
+                "seccomp": describe_seccomp() if self.level == "bwrap" else {
+                    "seccomp": None, "why": f"{self.level} loads no filter"}}
 
-
-@dataclass(frozen=True)
-class SandboxResult:
-    output: str
-    returncode: int
-    timed_out: bool
-    flooded: bool
-    truncated: bool
-    total_bytes: int
-    duration_s: float
+    def record(self, limits: SandboxLimits) -> dict[str, object]:
+        """What the run manifest and the resume fingerprint hold: the level, what it confines,
+        the limits and which totals were in force (stable across invocations on one host)."""
+        return {**self.describe(), "limits": limits.model_dump(), "totals": self.totals}
 
 
 def _bwrap() -> tuple[str, dict[str, str]] | None:
@@ -142,20 +154,26 @@ def _groups_refusal() -> str | None:
             "as root, which runs commands as a uid of their own with none")
 
 
-def _probe(candidate: Confinement) -> bool:
-    """Whether a trivial command runs under `candidate` as the uid, and with the argv, that the
-    agent's commands will run with (a throwaway workspace like theirs)."""
+def _probe(candidate: Confinement) -> Confinement | None:
+    """`candidate` with the totals its boxes get, when a trivial command runs under it as the
+    uid, and with the argv, that the agent's commands will run with (a throwaway workspace like
+    theirs); None when it does not run."""
     folder = Path(tempfile.mkdtemp(prefix="compbench-probe-"))
     try:
         folder.chmod(0o755)
-        box = Sandbox(folder, SandboxLimits(cpu_s=20), level=candidate, probe=True)
+        box = Sandbox(folder, SandboxLimits(cpu_s=20), level=candidate, probe=True,
+                      workspace_total=mount_workspace(folder, 2**20))
         try:
             got = box.run("echo probe-ok", timeout_s=20)
+            totals = box.totals_in_force()
         finally:
             box.close()
-        return got.returncode == 0 and "probe-ok" in got.output
+            unmount_workspace(folder)
+        if got.returncode != 0 or "probe-ok" not in got.output:
+            return None
+        return dataclasses.replace(candidate, totals=totals)
     except SandboxUnavailable:
-        return False
+        return None
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -168,16 +186,15 @@ def confinement() -> Confinement:
     found = _bwrap()
     if found is not None and refusal is None:
         version = _works([found[0], "--version"], {"PATH": SAFE_PATH, **found[1]})
-        candidate = Confinement("bwrap", found[0], version)
-        if _probe(candidate):
-            return candidate
+        if probed := _probe(Confinement("bwrap", found[0], version)):
+            return probed
     unshare = shutil.which("unshare")
-    if os.environ.get(UNSHARE_OPT_IN) == "1" and unshare and refusal is None:
-        candidate = Confinement("unshare", unshare, None)
-        if _probe(candidate):
-            return candidate
+    if os.environ.get(UNSHARE_OPT_IN) == "1" and unshare and refusal is None and (
+            probed := _probe(Confinement("unshare", unshare, None, f"{UNSHARE_OPT_IN}=1"))):
+        return probed
     if os.environ.get("UNSAFE_NO_SANDBOX") == "1":
-        return Confinement("none", None, None)
+        none = Confinement("none", None, None, "UNSAFE_NO_SANDBOX=1")
+        return _probe(none) or none
     if refusal is not None:
         raise SandboxUnavailable(refusal)
     raise SandboxUnavailable(
@@ -235,7 +252,7 @@ class Sandbox:
         """Remove the box's cgroups (after its last command)."""
         self.totals.close()
 
-    def totals_in_force(self) -> dict[str, object]:
+    def totals_in_force(self) -> dict[str, dict[str, str]]:
         """Which totals held for this box's commands, and why not the others."""
         found = self.totals.describe()
         tmpfs = ("bwrap --size tmpfs mounts" if self.confinement.level == "bwrap"
@@ -271,6 +288,10 @@ class Sandbox:
                     "--disable-userns", "--die-with-parent", "--new-session", "--clearenv"]
             for key, value in env.items():
                 argv += ["--setenv", key, value]
+            program = filter_program()
+            if program is not None:
+                fds.append(data_fd(program))
+                argv += ["--seccomp", str(fds[-1])]
             argv += ["--chdir", str(cwd), "--", "/bin/sh", "-c", command]
             found = _bwrap()
             return argv, {**env, **(found[1] if found else {})}, fds
@@ -296,7 +317,7 @@ class Sandbox:
     def run(self, command: str, *, timeout_s: float, cwd: Path | None = None,
             limits: SandboxLimits | None = None) -> SandboxResult:
         """Run `command` with `/bin/sh -c` in the workspace; never raises for what it does.
-        `limits` overrides the sandbox's own for this command (patch capture keeps more)."""
+        `limits` overrides the sandbox's own for this command (validation keeps more output)."""
         limits = limits or self.limits
         argv, env, fds = self._command(command, (cwd or self.workspace).resolve())
         started = time.monotonic()
@@ -311,52 +332,9 @@ class Sandbox:
         finally:
             for fd in fds:
                 os.close(fd)
-        assert proc.stdout is not None
-        kept = bytearray()
-        total, timed_out, flooded = 0, False, False
-        deadline = started + timeout_s
-        fd = proc.stdout.fileno()
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                timed_out = True
-                break
-            ready, _, _ = select.select([fd], [], [], min(left, 0.5))
-            if not ready:
-                if proc.poll() is not None and not _readable(fd):
-                    break
-                continue
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                break
-            total += len(chunk)
-            room = limits.output_cap_chars * 4 - len(kept)
-            if room > 0:
-                kept += chunk[:room]
-            if total > limits.output_kill_bytes:
-                flooded = True
-                break
-        # Past its limits there is nothing to save: the command's process group goes at once,
-        # and with bwrap or unshare its PID namespace with it (its init dies), so nothing it
-        # started survives.
-        if timed_out or flooded:
-            stop_tree(proc, grace_s=0)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=10)
-        if proc.poll() is None:
-            stop_tree(proc, grace_s=0)
-        proc.stdout.close()
-        text = kept.decode("utf-8", "replace")
-        truncated = len(text) > limits.output_cap_chars or total > len(kept)
-        text = text[: limits.output_cap_chars]
-        code = -1 if timed_out or flooded else proc.returncode
-        return SandboxResult(text, code, timed_out, flooded, truncated, total,
-                             time.monotonic() - started)
-
-
-def _readable(fd: int) -> bool:
-    ready, _, _ = select.select([fd], [], [], 0)
-    return bool(ready)
+        return collect(proc, cap_chars=limits.output_cap_chars,
+                       kill_bytes=limits.output_kill_bytes, deadline=started + timeout_s,
+                       started=started)
 
 
 def _own_processes() -> int:

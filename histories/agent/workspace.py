@@ -68,6 +68,12 @@ class ConfinedEnvironment(LocalEnvironment):
         return output
 
 
+def workspace_limits(task: Task) -> SandboxLimits:
+    """The limits a run of `task` gives its box (the run manifest and fingerprint record them)."""
+    return SandboxLimits(output_cap_chars=task.spec.output_cap_chars,
+                         cpu_s=max(60, 4 * task.spec.command_timeout_s))
+
+
 @dataclass
 class Validation:
     passed: bool
@@ -82,8 +88,7 @@ class Workspace:
                  limits: SandboxLimits | None = None) -> None:
         self.task = task
         self.base_dir = base_dir
-        self.limits = limits or SandboxLimits(output_cap_chars=task.spec.output_cap_chars,
-                                              cpu_s=max(60, 4 * task.spec.command_timeout_s))
+        self.limits = limits or workspace_limits(task)
         self.path = Path()
         self.env: ConfinedEnvironment | None = None
         self.sandbox: Sandbox | None = None

@@ -75,5 +75,5 @@ def test_an_untouched_workspace_gives_an_empty_patch(ws: Workspace) -> None:
 
 def test_a_path_git_reserves_fails_the_capture_naming_it(ws: Workspace) -> None:
     run(ws, "mkdir .GIT && echo x > .GIT/x")
-    with pytest.raises(CaptureError, match="git refuses the path '.GIT/x'"):
+    with pytest.raises(CaptureError, match=r"git refuses the path '\.GIT/x'"):
         ws.patch()

@@ -14,6 +14,7 @@ from typing import Annotated
 
 import typer
 
+from compaction_bench.bench.faults.box import box_classes
 from compaction_bench.bench.faults.harness import Context, FaultResult
 from compaction_bench.bench.faults.hostile import hostile
 from compaction_bench.bench.faults.rows import ROWS, Row
@@ -23,7 +24,8 @@ from compaction_bench.common.files import write_json_atomic
 from compaction_bench.common.paths import results_dir
 
 app = typer.Typer(add_completion=False, help=__doc__)
-ALL_ROWS = [*ROWS, Row("hostile agent commands", hostile, exclusive=True)]
+ALL_ROWS = [*ROWS, Row("hostile agent commands", hostile, exclusive=True),
+            Row("the agent's box, closed", box_classes, exclusive=True)]
 JOBS = 3  # rows side by side: most of a row is waiting on its bench process and fake engine
 
 

@@ -112,8 +112,10 @@ class BackgroundAgent(User):
         config = self.config
         assert config is not None and self.writer is not None
         request_id = f"bg-{self.slot}-{number}"
+        # one conversation of one background agent: a router keeps it on one replica
         request = prepare(config.api_url, turn.payload, request_id=request_id,
-                          intended_send_s=due, api_key=self.api_key)
+                          intended_send_s=due, api_key=self.api_key,
+                          session_id=f"bg-{self.slot}-c{cycle}")
         identity = {"regime": config.regime, "source": "background",
                     "block": _current_block(config.block_file), "history": turn.history,
                     "turn": turn.turn, "cycle": cycle, "user": self.slot,

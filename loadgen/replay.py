@@ -252,10 +252,11 @@ def replay(plan: ReplayPlan, settings: ReplaySettings, *, policy: HistoryPolicy 
            on_request: Callable[[RequestRecord, PreparedRequest], None] | None = None,
            gate: Callable[[], None] | None = None, clock: Clock = monotonic,
            sleep: Callable[[float], None] = time.sleep,
-           wall_time_s: float | None = None) -> ReplayResult:
+           wall_time_s: float | None = None, session_id: str | None = None) -> ReplayResult:
     """Send every turn of `plan` in order (module docstring); never raises for what happens
     on the wire: a failed request ends the replay with its error recorded. Past `wall_time_s`
-    the request in flight is cut and the replay ends as `TimeExceeded` (a censored duration)."""
+    the request in flight is cut and the replay ends as `TimeExceeded` (a censored duration).
+    Every turn carries `session_id` (the agent's: X-Session-Id)."""
     stream = StreamClient(read_timeout_s=settings.read_timeout_s, clock=clock)
     timer: threading.Timer | None = None
     fired = threading.Event()
@@ -292,7 +293,8 @@ def replay(plan: ReplayPlan, settings: ReplaySettings, *, policy: HistoryPolicy 
                 rewrite_s += clock() - began - wait
             request = prepare(settings.api_url, turn_body(plan, turn, settings, history),
                               request_id=f"{plan.arm}-{plan.source}-t{turn.number}-"
-                              f"{time.monotonic_ns()}", api_key=settings.api_key)
+                              f"{time.monotonic_ns()}", api_key=settings.api_key,
+                              session_id=session_id)
             body0 = body0 or request.body
             record = stream.send(request).record.labelled(
                 seed=None if settings.seed is None else settings.seed + turn.number,

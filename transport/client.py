@@ -155,7 +155,7 @@ class _Stream:
             reasoning_tokens=_int(completion_details.get("reasoning_tokens"))
             if isinstance(completion_details, dict) else None,
             error=self.error, http_status=self.http_status, finish_reason=self.finish_reason,
-            text_chars=len(content) + len(reasoning),
+            text_chars=len(content) + len(reasoning), session_id=self.request.session_id,
             labels={"kv_prefix": prefix_label(self.prompt_ids, self.output_ids)}
             if self.prompt_ids is not None else {})
         calls = tuple(self.calls[i] for i in sorted(self.calls))
@@ -456,10 +456,11 @@ def _peer_closed(conn: http.client.HTTPConnection) -> bool:
 
 def send_once(api_url: str, payload: dict[str, Any], *, request_id: str,
               read_timeout_s: float = 3600.0, api_key: str | None = None,
-              clock: Clock = monotonic) -> Response:
+              clock: Clock = monotonic, session_id: str | None = None) -> Response:
     """One request on a fresh connection (convenience for scripts and tests)."""
     client = StreamClient(read_timeout_s=read_timeout_s, clock=clock)
     try:
-        return client.send(prepare(api_url, payload, request_id=request_id, api_key=api_key))
+        return client.send(prepare(api_url, payload, request_id=request_id, api_key=api_key,
+                                   session_id=session_id))
     finally:
         client.close()

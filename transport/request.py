@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 CHAT_PATH = "/chat/completions"
+# The session header: vLLM's router keys `consistent_hash` (and its other session-affine
+# policies) on it first (vllm-router 0.1.17, src/policies/hash_key.rs). One agent, one id.
+SESSION_HEADER = "X-Session-Id"
 
 
 @dataclass(frozen=True)
@@ -21,6 +24,8 @@ class RequestRecord:
     the client stamps them, relative to the run's start once `shifted`. Nothing is rounded.
 
     `source` says who sent it: an arm name, `<arm>/compressor`, `background` or `probe`.
+    `session_id` is the agent's stable id, sent as `X-Session-Id` (what a router's
+    session-affine policy keys on); None when the sender is no agent.
     `labels` holds what the sender adds (attempt, seed, history turn, body hash, ...).
     """
 
@@ -43,6 +48,7 @@ class RequestRecord:
     http_status: int | None = None
     finish_reason: str | None = None
     text_chars: int = 0
+    session_id: str | None = None
     labels: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -103,6 +109,7 @@ class PreparedRequest:
     stream: bool = True
     headers: tuple[tuple[str, str], ...] = ()
     model: str | None = None
+    session_id: str | None = None
 
     @property
     def body_sha256(self) -> str:
@@ -116,9 +123,11 @@ def chat_url(api_url: str) -> str:
 
 
 def prepare(api_url: str, payload: dict[str, Any], *, request_id: str,
-            intended_send_s: float | None = None, api_key: str | None = None) -> PreparedRequest:
+            intended_send_s: float | None = None, api_key: str | None = None,
+            session_id: str | None = None) -> PreparedRequest:
     """Serialize a chat request once. Streaming requests ask for usage in the last chunk; an
-    `api_key` becomes a Bearer `Authorization` header."""
+    `api_key` becomes a Bearer `Authorization` header, a `session_id` the `X-Session-Id`
+    header (and the record's `session_id`)."""
     body = dict(payload)
     stream = bool(body.setdefault("stream", True))
     if stream:
@@ -126,8 +135,12 @@ def prepare(api_url: str, payload: dict[str, Any], *, request_id: str,
         options.setdefault("include_usage", True)
         body["stream_options"] = options
     data = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
-    headers = (("Authorization", f"Bearer {api_key}"),) if api_key else ()
+    headers: tuple[tuple[str, str], ...] = (
+        (("Authorization", f"Bearer {api_key}"),) if api_key else ())
+    if session_id:
+        headers += ((SESSION_HEADER, session_id),)
     model = body.get("model")
     return PreparedRequest(url=chat_url(api_url), body=data, request_id=request_id,
                            intended_send_s=intended_send_s, stream=stream, headers=headers,
-                           model=model if isinstance(model, str) else None)
+                           model=model if isinstance(model, str) else None,
+                           session_id=session_id or None)

@@ -215,6 +215,12 @@ class _Release:
         return released
 
 
+def arm_session(regime: str, block: int, arm: str, attempt: str) -> str:
+    """The session id of one arm's continuation in one block (one agent): every request of it
+    carries this X-Session-Id, so a session-affine router keeps the agent on one replica."""
+    return f"{regime}-b{block}-{arm}-{attempt}"
+
+
 def run_block(arms: list[Arm], *, settings: BlockSettings, regime: str, block: int,
               rng: np.random.Generator, writer: RunWriter, attempt: str = "original",
               block_pass: int = 1, clock: Clock = monotonic) -> BlockOutcome:
@@ -271,14 +277,18 @@ def run_block(arms: list[Arm], *, settings: BlockSettings, regime: str, block: i
                 assert record_name is not None
                 result = replay(arm.replay[record_name], replay_settings(arm_config),
                                 policy=policy, on_request=record_request, gate=gate,
-                                clock=clock, wall_time_s=config.arm_wall_s)
+                                clock=clock, wall_time_s=config.arm_wall_s,
+                                session_id=arm_session(regime, block, arm.name, attempt))
             else:
                 assert settings.task is not None
                 wire = check_on_the_wire(arm, arm_config, reference, clean_config,
                                          settings.task, context)
                 policy = arm.new_policy(context)
+                session = arm_session(regime, block, arm.name, attempt)
                 result = continue_history(
-                    arm.history, settings.task, arm_config, step_limit=config.step_limit,
+                    arm.history, settings.task,
+                    arm_config.model_copy(update={"session_id": session}),
+                    step_limit=config.step_limit,
                     clock=clock, policy=policy, on_request=record_request, gate=gate,
                     wall_time_s=config.arm_wall_s)
             record = arm_record(arm, result, policy=policy, wire=wire, settings=settings,

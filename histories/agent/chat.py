@@ -83,6 +83,7 @@ class ChatModelConfig(BaseModel):
         default=1800.0, gt=0, description="inactivity deadline: the longest silence tolerated "
         "on a stream (the first token of a queued request included)")
     extra_body: dict[str, Any] = {}
+    session_id: str | None = None  # the agent's X-Session-Id (a router keeps it on one replica)
     tools: list[dict[str, Any]] | None = None
     """Decision tasks: these tool schemas, not `bash` (`histories.tasks.decision_protocol`)."""
     action_regex: str = BASH_ACTION_REGEX
@@ -207,7 +208,8 @@ class ChatModel:
         """Send one request for wire-form `messages` and return its response; its record goes
         to `records` and `on_request` first. A failed request raises `TransportError`."""
         request = prepare(self.config.api_url, self.request_body(messages),
-                          request_id=uuid.uuid4().hex, api_key=self.config.api_key)
+                          request_id=uuid.uuid4().hex, api_key=self.config.api_key,
+                          session_id=self.config.session_id)
         if self.first_body is None:
             self.first_body = request.body
         response = self.client.send(request)

@@ -37,6 +37,8 @@ help:
 	@echo "make bench-settings       every bench setting, its make variable and default"
 	@echo "make serve [PROFILE=...] [PORT=8000] [FAST_START=1] [DRY_RUN=1]"
 	@echo "                          serve target + compressor from one vLLM engine, self-checked"
+	@echo "make serve REPLICAS=n [ROUTER_POLICY=consistent_hash|round_robin|cache_aware|...]"
+	@echo "                          n replicas on PORT+1.. behind vLLM's router on PORT"
 	@echo "make stop [PORT=...]      stop background servers;  make profiles: list profiles"
 	@echo "make histories [TASK=...] [ARMS=...] [BASE_URL=...]   acquire histories, write arm files"
 	@echo "make import FILE=... [FORK=n] [OUT=...]   import your own agent's log as a history;"
@@ -71,7 +73,8 @@ $(STAMP): pyproject.toml setup.py Makefile
 	@touch $@
 
 SERVE_FLAGS = --profile $(PROFILE) --port $(PORT) --host $(HOST) $(if $(MODEL),--model $(MODEL)) \
-  $(if $(filter 1,$(SPECULATIVE)),--speculative) $(if $(filter 1,$(EXPERT_PARALLEL)),--expert-parallel)
+  $(if $(filter 1,$(SPECULATIVE)),--speculative) $(if $(filter 1,$(EXPERT_PARALLEL)),--expert-parallel) \
+  $(if $(REPLICAS),--replicas $(REPLICAS)) $(if $(ROUTER_POLICY),--router-policy $(ROUTER_POLICY))
 
 serve: install
 	$(CB) serve $(SERVE_FLAGS) $(if $(filter 1,$(FAST_START)),--fast-start) $(if $(DRY_RUN),--dry-run)

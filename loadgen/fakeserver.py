@@ -72,6 +72,7 @@ class FakeConfig:
 class _State:
     running: int = 0
     requests: int = 0
+    finished: int = 0  # answered to the end (vllm:request_success_total)
     prompt_tokens: int = 0
     generation_tokens: int = 0
     lateness_s: list[float] = field(default_factory=list)
@@ -200,6 +201,8 @@ class FakeServer:
             "# TYPE vllm:request_queue_time_seconds histogram",
             'vllm:request_queue_time_seconds_sum{model_name="target"} 0.0',
             f'vllm:request_queue_time_seconds_count{{model_name="target"}} {float(s.requests)}',
+            "# TYPE vllm:request_success counter",
+            f'vllm:request_success_total{{model_name="target"}} {float(s.finished)}',
             "",
         ])
 
@@ -284,6 +287,7 @@ class FakeServer:
                                       reply, finish, usage if include_usage else None)
         finally:
             self.state.running -= 1
+            self.state.finished += 1
 
     async def _stream(self, writer: asyncio.StreamWriter, rid: str, model: str,
                       pieces: list[tuple[str, Any]], calls: list[dict[str, Any]], first: float,

@@ -11,7 +11,7 @@ import typer
 
 from compaction_bench.common.files import write_json_atomic
 from compaction_bench.common.paths import run_state_dir
-from compaction_bench.serve.command import profile_env, redacted
+from compaction_bench.serve.command import cpu_list, profile_env, redacted
 from compaction_bench.serve.launcher import (
     Server,
     ServerConfig,
@@ -22,6 +22,13 @@ from compaction_bench.serve.launcher import (
 from compaction_bench.serve.model import resolve_model
 from compaction_bench.serve.process import stop_background
 from compaction_bench.serve.profile import Profile, known_profiles, load_profile, resolve_profile
+from compaction_bench.serve.replicas import FleetConfig, check_router, replica_configs, serve_fleet
+from compaction_bench.serve.router import (
+    DEFAULT_POLICY,
+    ROUTER_POLICIES,
+    RouterConfig,
+    router_command,
+)
 from compaction_bench.serve.selfcheck import (
     SelfCheckError,
     SelfCheckReport,
@@ -84,17 +91,38 @@ def serve(
     dry_run: Annotated[bool, typer.Option(
         help="print the exact server command, its environment and the self-check plan; start, "
         "convert and download nothing")] = False,
+    replicas: Annotated[int, typer.Option(
+        help="REPLICAS: this many servers of the profile on PORT+1.. (each on its own CPUs or "
+        "GPUs) behind vLLM's router on PORT", min=1)] = 1,
+    router_policy: Annotated[str, typer.Option(
+        help=f"ROUTER_POLICY, with REPLICAS>1: one of {', '.join(ROUTER_POLICIES)}")
+    ] = DEFAULT_POLICY,
 ) -> None:
     """Serve a profile: the target and compressor names from one engine, self-checked."""
+    if router_policy not in ROUTER_POLICIES:
+        raise typer.BadParameter(f"unknown router policy '{router_policy}'; use one of "
+                                 f"{', '.join(ROUTER_POLICIES)}", param_hint="ROUTER_POLICY")
     if dry_run:
         typer.echo(show(profile, port=port, host=host, model=model, speculative=speculative,
                         expert_parallel=expert_parallel))
+        if replicas > 1:
+            typer.echo(show_replicas(profile, replicas, router_policy, port=port, host=host))
         return
     config = ServerConfig(
         profile=_profile(profile, speculative, expert_parallel), host=host, port=port,
         model=model or None, api_key=os.environ.get("API_KEY") or None,
         ready_timeout_s=timeout, fast_start=fast_start,
     )
+    if replicas > 1:
+        if background:
+            raise typer.BadParameter("REPLICAS>1 runs in the foreground only (Ctrl-C or `make "
+                                     "stop` ends it)", param_hint="--background")
+        model_name = config.profile.model.target_name
+        raise typer.Exit(serve_fleet(
+            FleetConfig(server=config, replicas=replicas, policy=router_policy),
+            check=_check if selfcheck else None,
+            router_check=(lambda fleet: check_router(fleet, model_name, api_key=config.api_key))
+            if selfcheck else None))
     if not background:
         raise typer.Exit(serve_foreground(config, after_ready=_check if selfcheck else None))
     server = Server(config)
@@ -138,6 +166,9 @@ def stop(port: Annotated[int | None, typer.Option(help="only the server on this 
          ) -> None:
     """Stop background servers started by this checkout (all, or the one on --port)."""
     stopped = stop_background(port)
+    for record in list(stopped):  # a router's replicas go with it
+        for replica in (record.get("router") or {}).get("replicas", []) if port else []:
+            stopped += stop_background(int(str(replica.get("url", "")).rsplit(":", 1)[-1]))
     if not stopped:
         typer.echo("no server recorded in .run/" + (f" for port {port}" if port else ""))
     for record in stopped:
@@ -187,6 +218,25 @@ def show(profile: str = "auto", *, port: int = 8000, host: str = "127.0.0.1",
     lines.append(shlex.join(build_command(config, source)))
     lines.append("# self-check, after /health and before any block or sweep:")
     lines += [f"#   {i}. {line}" for i, line in enumerate(selfcheck_plan(p), 1)]
+    return "\n".join(lines)
+
+
+def show_replicas(profile: str, replicas: int, policy: str, *, port: int = 8000,
+                  host: str = "127.0.0.1") -> str:
+    """What `make serve REPLICAS=n DRY_RUN=1` adds: each replica's port and pinning, and the
+    router's command."""
+    base = ServerConfig(profile=resolve_profile(profile), port=port, host=host)
+    configs = replica_configs(base, replicas)
+    lines = [f"# {replicas} replicas of the command above, each with its own port and share:"]
+    for c in configs:
+        pin = (f"taskset -c {cpu_list(c.cpus)}, VLLM_CPU_OMP_THREADS_BIND={cpu_list(c.cpus)}"
+               if c.cpus else f"CUDA_VISIBLE_DEVICES={','.join(map(str, c.gpu_ids))}"
+               if c.gpu_ids else "not pinned")
+        lines.append(f"#   --port {c.port}: {pin}")
+    router = RouterConfig(worker_urls=tuple(c.server_url for c in configs), policy=policy,
+                          host=host, port=port)
+    lines.append("# and vLLM's router in front of them, on PORT:")
+    lines.append(shlex.join(router_command(router, binary="vllm-router")))
     return "\n".join(lines)
 
 

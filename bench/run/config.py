@@ -117,6 +117,13 @@ class BenchConfig(BaseModel):
     base_url: str | None = Field(
         default=None, description="measure the server at this URL (with or without /v1) "
         "instead of starting the profile's")
+    replica_urls: tuple[str, ...] = Field(
+        default=(), description="the replicas behind the router at BASE_URL (their server "
+        "URLs, for their /metrics: replica_metrics.jsonl); default: those of `make serve "
+        "REPLICAS=n` on PORT, none for one server")
+    router_metrics_url: str | None = Field(
+        default=None, description="the router's own Prometheus endpoint (its per-replica "
+        "request counts); default: that of `make serve REPLICAS=n` on PORT")
     source: Literal["agent", "replay"] | None = Field(
         default=None, description="where each arm's continuation comes from: agent (a live "
         "agent acts from the fork with real tools) or replay (recorded reasoning-model turns "
@@ -211,6 +218,11 @@ class BenchConfig(BaseModel):
     @classmethod
     def _url(cls, value: str | None) -> str | None:
         return None if value is None else server_url(value)
+
+    @field_validator("replica_urls")
+    @classmethod
+    def _replicas(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(server_url(u) for u in value)
 
     @field_validator("arms")
     @classmethod

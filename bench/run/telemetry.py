@@ -20,6 +20,11 @@ from compaction_bench.bench.runfolder import (
 from compaction_bench.common.files import JsonlWriter
 from compaction_bench.loadgen.background import BackgroundLoad, ServiceProbe
 from compaction_bench.loadgen.metrics import MetricsSampler
+from compaction_bench.loadgen.replica_metrics import (
+    REPLICA_METRICS,
+    ReplicaSampler,
+    ReplicaTargets,
+)
 from compaction_bench.serve.profile import Profile
 
 LOAD_SAMPLE_S = 0.5  # how often the monitor samples the background load's state
@@ -75,6 +80,10 @@ def run_telemetry(config: BenchConfig, url: str, run_dir: Path, origin: float, u
     with ExitStack() as stack:
         sampler = stack.enter_context(MetricsSampler(url, run_dir / "metrics.jsonl",
                                                      origin=origin))
+        replicas = replica_targets(config)
+        if replicas is not None:
+            stack.enter_context(ReplicaSampler(replicas, run_dir / REPLICA_METRICS,
+                                               origin=origin))
         stack.enter_context(GpuSampler(run_dir / "gpu.jsonl", origin=origin))
         if not users:
             yield Telemetry(sampler, None)
@@ -96,6 +105,19 @@ def run_telemetry(config: BenchConfig, url: str, run_dir: Path, origin: float, u
         load.wait_steady(timeout_s=600)
         yield Telemetry(sampler, stack.enter_context(
             LoadMonitor(load, run_dir / "load.jsonl", origin)))
+
+
+def replica_targets(config: BenchConfig) -> ReplicaTargets | None:
+    """The replicas whose /metrics the run samples: REPLICA_URLS (a router elsewhere), else
+    those of `make serve REPLICAS=n` on PORT when the run measures it; None for one server."""
+    from compaction_bench.serve.router import local_fleet
+
+    here = (None, f"http://127.0.0.1:{config.port}", f"http://localhost:{config.port}")
+    local = local_fleet(config.port) if config.base_url in here else None
+    urls = config.replica_urls or (local[0] if local else ())
+    if not urls:
+        return None
+    return ReplicaTargets(urls, config.router_metrics_url or (local[1] if local else None))
 
 
 def selfcheck(config: BenchConfig, url: str, profile: Profile, run_dir: Path

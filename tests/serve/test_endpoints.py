@@ -31,6 +31,8 @@ vllm:request_queue_time_seconds_sum{engine="0",model_name="target"} 3.5
 vllm:request_queue_time_seconds_count{engine="0",model_name="target"} 10.0
 vllm:generation_tokens_total{engine="0",model_name="target"} 700.0
 vllm:generation_tokens_total{engine="1",model_name="target"} 77.0
+vllm:request_success_total{engine="0",finished_reason="stop",model_name="target"} 8.0
+vllm:request_success_total{engine="0",finished_reason="length",model_name="target"} 2.0
 """
 # as vLLM 0.32's CPU build exports it (labels abridged)
 CACHE_INFO = """# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
@@ -46,7 +48,7 @@ def test_parse_sums_label_sets() -> None:
                       "kv_cache_usage": 0.25, "prefix_cache_hits": 1664.0,
                       "prefix_cache_queries": 2884.0, "num_preemptions": 2.0,
                       "queue_time_sum_s": 3.5, "queue_time_count": 10.0,
-                      "generation_tokens": 777.0}
+                      "generation_tokens": 777.0, "requests_finished": 10.0}
     assert parse_metrics("")["num_requests_waiting"] is None
 
 

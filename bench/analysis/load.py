@@ -10,8 +10,16 @@ A block is invalid, kept on record and left out of the primary analysis, when a 
 background users ran without them: the load was not running at some sample inside the block,
 background requests were refused as unauthorized (HTTP 401/403), more than
 `MAX_BACKGROUND_ERROR_SHARE` of the background requests that ended in the block failed, no
-background activity was recorded at all, or (overloaded only) the server never had a request
-waiting.
+background activity was recorded at all, or (overloaded only) requests waited in fewer than
+`MIN_QUEUED_SHARE` of the /metrics samples taken while the arms ran (from their release, not
+from the block's start: setup and replay come before it).
+
+Each block gets a verdict (issue 22): `failed` (the reasons above), `verified` (the regime's
+load was seen while the arms ran: overloaded, requests waiting in at least `MIN_QUEUED_SHARE` of
+the samples; shared, /metrics samples with none waiting, so the server stayed below capacity),
+or `unverified`, with why: no /metrics sample while the arms ran (another server, a
+key-protected /metrics, failed scrapes), a shared block that queued at times, or a dedicated
+block, whose "no other traffic" nothing here checks. Lack of data is never `verified`.
 """
 
 from __future__ import annotations
@@ -28,6 +36,9 @@ from compaction_bench.bench.runfolder import (
 from compaction_bench.transport.request import RequestRecord
 
 MAX_BACKGROUND_ERROR_SHARE = 0.10
+# overloaded: the share of the arms' /metrics samples with a request waiting that shows the
+# server stayed full while they ran (a stated policy, not a measured figure: half the time)
+MIN_QUEUED_SHARE = 0.5
 BACKGROUND = "background"
 
 
@@ -49,13 +60,19 @@ class BlockLoad:
     load_samples: int
     load_stopped_at_s: float | None
     reasons: tuple[str, ...]
+    unverified: tuple[str, ...] = ()  # why the regime's load could not be confirmed
 
     @property
     def valid(self) -> bool:
         return not self.reasons
 
+    @property
+    def verdict(self) -> str:
+        """failed, unverified or verified (module docstring)."""
+        return "failed" if self.reasons else "unverified" if self.unverified else "verified"
+
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "verdict": self.verdict}
 
 
 def _overlap(request: RequestRecord, start: float, end: float) -> float:
@@ -65,8 +82,9 @@ def _overlap(request: RequestRecord, start: float, end: float) -> float:
 
 def block_load(regime: str, users: int, start: float, end: float,
                requests: list[RequestRecord], metrics: list[MetricSample],
-               load: list[LoadSample]) -> BlockLoad:
-    """The load figures of one block spanning [start, end] on the run clock (see module)."""
+               load: list[LoadSample], arms_from: float | None = None) -> BlockLoad:
+    """The load figures of one block spanning [start, end] on the run clock, its verdict
+    judged on the samples from `arms_from` (the arms' release; the start where unknown)."""
     span = max(end - start, 1e-9)
     background = [r for r in requests if r.source == BACKGROUND
                   and r.sent_s <= end and (r.end_s is None or r.end_s >= start)]
@@ -91,9 +109,22 @@ def block_load(regime: str, users: int, start: float, end: float,
             reasons.append(f"{len(errors)} of {len(ended)} background requests that ended in the "
                            f"block failed (more than {MAX_BACKGROUND_ERROR_SHARE:.0%}); first: "
                            f"{errors[0].error}")
-        if regime == "overloaded" and inside and max(waiting) <= 0:
-            reasons.append("the overloaded block never queued (max requests waiting 0): the "
-                           "background did not fill the server")
+    during = [m.num_requests_waiting or 0.0 for m in inside
+              if m.t_s >= (start if arms_from is None else arms_from)]
+    queued = sum(w > 0 for w in during) / len(during) if during else None
+    unverified: list[str] = []
+    if regime == "dedicated":
+        unverified.append("a dedicated block's 'no other traffic' is not checked")
+    elif queued is None:
+        unverified.append("no vllm:num_requests_waiting sample while the arms ran (another "
+                          "server, a key-protected /metrics or failed scrapes)")
+    elif regime == "overloaded" and users and queued < MIN_QUEUED_SHARE:
+        reasons.append(f"requests waited in {queued:.0%} of the {len(during)} /metrics samples "
+                       f"while the arms ran (fewer than {MIN_QUEUED_SHARE:.0%}): the background "
+                       "did not keep the server full")
+    elif regime == "shared" and queued > 0:
+        unverified.append(f"requests waited in {queued:.0%} of the {len(during)} /metrics "
+                          "samples while the arms ran: the server was at capacity at times")
     return BlockLoad(
         users=users, background_requests=len(background), background_ok=len(ok),
         background_errors=len(errors), unauthorized=unauthorized,
@@ -102,7 +133,7 @@ def block_load(regime: str, users: int, start: float, end: float,
         metrics_samples=len(inside),
         waiting_share=(sum(w > 0 for w in waiting) / len(waiting)) if waiting else None,
         max_waiting=max(waiting) if waiting else None, load_samples=len(samples),
-        load_stopped_at_s=stopped, reasons=tuple(reasons))
+        load_stopped_at_s=stopped, reasons=tuple(reasons), unverified=tuple(unverified))
 
 
 def regime_users(records: RunRecords) -> int:
@@ -123,7 +154,8 @@ def block_loads(records: RunRecords) -> dict[tuple[str, int], BlockLoad]:
         requests = [r for r in records.requests if r.regime == block.regime]
         out[(block.regime, block.block)] = block_load(
             block.regime, users if block.regime != "dedicated" else 0, block.started_s,
-            block.ended_s, requests, list(records.metrics), list(records.load))
+            block.ended_s, requests, list(records.metrics), list(records.load),
+            arms_from=block.released_s)
     return out
 
 

@@ -61,7 +61,9 @@ class BlockStatus:
     `primary` holds the original record per arm when the block is complete, else is empty;
     `sensitivity` holds the records after recovery substitution when that makes it usable.
     `reasons` says why the block is not usable in the primary analysis; a block whose load was
-    not the regime's (`load_reasons`) is usable in neither.
+    not the regime's (`load_reasons`) is usable in neither, nor is one without its block record
+    (issue 22: its arms finished, the block did not). `load.verdict` says whether the regime's
+    load was verified; an unverified block stays in, and the report names it.
     """
 
     regime: str
@@ -229,6 +231,11 @@ def block_statuses(records: RunRecords, arms: Sequence[str]) -> tuple[BlockStatu
                     substituted.append(arm)
         if not lines and notes.get(key):
             reasons.extend(text for _, text in notes[key])
+        if lines and key not in orders:
+            # the arms finished but the block did not (server unhealthy after them, or a
+            # crash in between): its load was never checked, so it is not complete
+            reasons.append("no block record: the block did not finish after its arms, so its "
+                           "load was never checked")
         load = loads.get(key)
         load_invalid = tuple(f"invalid load: {r}" for r in (load.reasons if load else ()))
         # an arm that waited for its compressor server's lazy start did not run side by side

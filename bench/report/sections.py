@@ -34,14 +34,20 @@ def trust_sections(analysis: RunAnalysis) -> list[Section]:
                      _fmt(figures.achieved_concurrency),
                      "n/a" if figures.waiting_share is None else f"{figures.waiting_share:.0%}",
                      _fmt(figures.max_waiting, 0),
-                     "valid" if figures.valid else "INVALID: " + "; ".join(figures.reasons)))
+                     figures.verdict + (": " + "; ".join(figures.reasons or figures.unverified)
+                                        if figures.reasons or figures.unverified else "")))
     if rows:
+        counts = {v: sum(b.load is not None and b.load.verdict == v for b in analysis.blocks)
+                  for v in ("verified", "unverified", "failed")}
         load.add(Table(("Regime", "Block", "Users", "Background requests", "Achieved "
                         "concurrency", "Samples waiting", "Max waiting", "Load"), tuple(rows),
                        "Background requests during the block; achieved concurrency = the time "
                        "average of background requests in flight over the block; samples "
-                       "waiting = /metrics samples with a request queued. An invalid block "
-                       "stays on record and out of the primary analysis."))
+                       "waiting = /metrics samples with a request queued. Load verdict, judged "
+                       "on the samples while the arms ran (bench/analysis/load.py): "
+                       + ", ".join(f"{n} {v}" for v, n in counts.items()) + ". A failed "
+                       "block stays on record and out of the primary analysis; an unverified "
+                       "one stays in, with why."))
     else:
         load.add(Paragraph("No block spans recorded: no load figures (imported runs)."))
     cache = Section("Prefix cache at the fork")

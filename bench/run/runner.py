@@ -181,7 +181,8 @@ def _one_block(arms: list[Arm], settings: BlockSettings, block: int, writer: Run
     folder = read_run(writer.run_dir)
     load = block_load(config.regime, users, started, ended,
                       [r for r in folder.requests if r.regime == config.regime],
-                      list(folder.metrics), list(folder.load))
+                      list(folder.metrics), list(folder.load),
+                      arms_from=None if outcome.released_s is None else outcome.released_s - origin)
     waits = helper_waits(outcome.records)  # not a fair block: it runs again as its next pass
     reasons = (*load.reasons, *waits)
     writer.block(BlockRecord(

@@ -81,3 +81,20 @@ def test_failed_arm_with_recovery_enters_only_the_sensitivity(
     assert summary["failures"] == [{"regime": "overloaded", "arm": "self", "attempt": "original",
                                     "reason": "ProtocolError: invalid tool 'edit'", "count": 1}]
     assert "overloaded block 2: self replaced by its recovery run" in files.markdown.read_text()
+
+
+def test_a_block_without_its_block_record_is_not_complete(make_run: Callable[..., Path]) -> None:
+    """Issue 22: arms that finished in a block whose record was never written (the server
+    unhealthy after the arms, or a crash in between) counted as a complete block with no load
+    verdict. It is left out, with why."""
+    from compaction_bench.bench.analysis.paired import analyze
+    from compaction_bench.bench.runfolder import read_run
+
+    run = make_run(regimes=("shared",), blocks=6, serving=False)
+    blocks = _lines(run / "blocks.jsonl")
+    (run / "blocks.jsonl").write_text("".join(blocks[:-1]))  # block 6's record is missing
+    analysis = analyze(read_run(run))
+    (last,) = [b for b in analysis.blocks if b.block == 6]
+    assert not last.complete and last.load is None
+    assert "no block record: the block did not finish after its arms" in last.reasons[0]
+    assert analysis.primary["shared"].arms["self"].postfork.n == 5

@@ -21,6 +21,7 @@ def test_concurrency_waiting_and_a_valid_overloaded_block() -> None:
     load = block_load("overloaded", 8, 0.0, 10.0, requests, metrics,
                       [LoadSample(t_s=2.0, running=True)])
     assert load.valid, load.reasons
+    assert load.verdict == "verified"  # 3 of 4 samples queued: at least half
     assert load.achieved_concurrency == 4.5  # 4 requests all along + 1 for half the block
     assert load.waiting_share == 0.75 and load.max_waiting == 3.0
     assert (load.background_requests, load.background_ok) == (5, 4)
@@ -36,8 +37,43 @@ def test_every_reason_a_block_is_invalid() -> None:
     assert "not running at t=4.0 s" in text
     assert "1 background requests were refused as unauthorized" in text
     assert "4 of 5 background requests that ended in the block failed" in text
-    assert "never queued" in text
+    assert "requests waited in 0% of the 1 /metrics samples while the arms ran" in text
     silent = block_load("shared", 2, 0.0, 10.0, [], [], [])
     assert silent.reasons == ("no background load was recorded during the block",)
     dedicated = block_load("dedicated", 0, 0.0, 10.0, [], [], [])
     assert dedicated.valid and dedicated.achieved_concurrency == 0.0
+    assert dedicated.verdict == "unverified"  # nothing checks "no other traffic"
+
+
+def test_no_queue_sample_is_unverified_never_verified() -> None:
+    """Issue 22: an overloaded block with no vllm:num_requests_waiting sample (another server,
+    a key-protected /metrics, failed scrapes) counted as verified."""
+    requests = [background(i, 0.0, 10.0) for i in range(4)]
+    load = block_load("overloaded", 8, 0.0, 10.0, requests, [],
+                      [LoadSample(t_s=2.0, running=True)])
+    assert load.valid and load.verdict == "unverified"
+    assert "no vllm:num_requests_waiting sample while the arms ran" in load.unverified[0]
+    assert load.to_json()["verdict"] == "unverified"
+
+
+def test_one_queued_sample_before_the_arms_does_not_verify_the_block() -> None:
+    """Issue 22: one 1-Hz sample with a queued request anywhere from block start (before setup
+    and replay) validated the block. The verdict reads the samples while the arms ran."""
+    requests = [background(i, 0.0, 10.0) for i in range(4)]
+    metrics = [MetricSample(t_s=t, num_requests_waiting=w) for t, w in
+               ((0.5, 5.0), (4.0, 0.0), (6.0, 0.0), (8.0, 1.0), (9.0, 0.0))]
+    load = block_load("overloaded", 8, 0.0, 10.0, requests, metrics,
+                      [LoadSample(t_s=2.0, running=True)], arms_from=3.0)
+    assert load.verdict == "failed"
+    assert "requests waited in 25% of the 4 /metrics samples while the arms ran" in (
+        load.reasons[0])
+
+
+def test_a_shared_block_is_verified_below_capacity_only() -> None:
+    requests = [background(i, 0.0, 10.0) for i in range(2)]
+    calm = [MetricSample(t_s=t, num_requests_waiting=0.0) for t in (2.0, 5.0, 8.0)]
+    busy = [*calm, MetricSample(t_s=9.0, num_requests_waiting=2.0)]
+    running = [LoadSample(t_s=2.0, running=True)]
+    assert block_load("shared", 2, 0.0, 10.0, requests, calm, running).verdict == "verified"
+    queued = block_load("shared", 2, 0.0, 10.0, requests, busy, running)
+    assert queued.verdict == "unverified" and "at capacity at times" in queued.unverified[0]

@@ -38,7 +38,7 @@ help:
 	@echo "make serve [PROFILE=...] [PORT=8000] [FAST_START=1] [DRY_RUN=1]"
 	@echo "                          serve target + compressor from one vLLM engine, self-checked"
 	@echo "make serve REPLICAS=n [ROUTER_POLICY=consistent_hash|round_robin|cache_aware|...]"
-	@echo "                          n replicas on PORT+1.. behind vLLM's router on PORT"
+	@echo "                          n replicas on PORT+2.. behind vLLM's router on PORT"
 	@echo "make stop [PORT=...]      stop background servers;  make profiles: list profiles"
 	@echo "make histories [TASK=...] [ARMS=...] [BASE_URL=...]   acquire histories, write arm files"
 	@echo "make import FILE=... [FORK=n] [OUT=...]   import your own agent's log as a history;"

@@ -92,7 +92,7 @@ def serve(
         help="print the exact server command, its environment and the self-check plan; start, "
         "convert and download nothing")] = False,
     replicas: Annotated[int, typer.Option(
-        help="REPLICAS: this many servers of the profile on PORT+1.. (each on its own CPUs or "
+        help="REPLICAS: this many servers of the profile on PORT+2.. (each on its own CPUs or "
         "GPUs) behind vLLM's router on PORT", min=1)] = 1,
     router_policy: Annotated[str, typer.Option(
         help=f"ROUTER_POLICY, with REPLICAS>1: one of {', '.join(ROUTER_POLICIES)}")

@@ -1,7 +1,7 @@
 """Several replicas of one profile behind vLLM's router: `make serve REPLICAS=n`.
 
 The router listens on PORT (so BASE_URL and every command stay as for one server); replica i
-listens on PORT+i (1-based), each a `serve.launcher.Server` with its own log and pid file, so
+listens on PORT+1+i (1-based: PORT+1 stays the bench's embedded compressor's), each a `serve.launcher.Server` with its own log and pid file, so
 `make stop` stops replicas and router alike. On the CPU engine each replica is pinned to its own
 share of the CPUs this process may use (`taskset -c` and VLLM_CPU_OMP_THREADS_BIND); on a GPU
 profile each gets its own `profile.gpus` GPUs (CUDA_VISIBLE_DEVICES). Replicas start together
@@ -61,11 +61,12 @@ def gpu_shares(replicas: int, per_replica: int, available: int) -> list[tuple[in
 
 def replica_configs(base: ServerConfig, replicas: int,
                     cpus: Sequence[int] | None = None) -> list[ServerConfig]:
-    """One server config per replica: port PORT+i, its own CPUs (CPU engine) or GPUs (CUDA)."""
+    """One server config per replica: port PORT+1+i (PORT+1 is the bench's embedded
+    compressor's), its own CPUs (CPU engine) or GPUs (CUDA)."""
     if replicas < 1:
         raise ReplicaError(f"REPLICAS={replicas}: give 1 or more")
     engine = base.profile.engine
-    configs = [replace(base, port=base.port + i + 1, log_path=None) for i in range(replicas)]
+    configs = [replace(base, port=base.port + i + 2, log_path=None) for i in range(replicas)]
     if engine == "cpu":
         shares = cpu_shares(replicas, cpus if cpus is not None else sorted(os.sched_getaffinity(0)))
         return [replace(c, cpus=s) for c, s in zip(configs, shares, strict=True)]

@@ -34,7 +34,7 @@ def test_cpus_are_split_into_disjoint_contiguous_shares() -> None:
 def test_each_cpu_replica_runs_pinned_on_its_own_port() -> None:
     base = ServerConfig(profile=load_profile("cpu-tiny"), port=8000)
     configs = replica_configs(base, 2, cpus=[0, 1])
-    assert [c.port for c in configs] == [8001, 8002]
+    assert [c.port for c in configs] == [8002, 8003]  # 8001: the embedded compressor's
     assert [c.cpus for c in configs] == [(0,), (1,)]
     command = build_command(configs[1], "model-dir")
     assert command[:3] == ["taskset", "-c", "1"] and "--port" in command
@@ -42,7 +42,7 @@ def test_each_cpu_replica_runs_pinned_on_its_own_port() -> None:
     unpinned = build_env(base).get("VLLM_CPU_OMP_THREADS_BIND")
     assert unpinned == os.environ.get("VLLM_CPU_OMP_THREADS_BIND")  # one server: as it was
     fake = replica_configs(ServerConfig(profile=load_profile("fake-faults"), port=9000), 3)
-    assert [c.port for c in fake] == [9001, 9002, 9003] and all(not c.cpus for c in fake)
+    assert [c.port for c in fake] == [9002, 9003, 9004] and all(not c.cpus for c in fake)
     with pytest.raises(ReplicaError, match="REPLICAS=0"):
         replica_configs(base, 0)
 

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.e2e
 
 
 def _free_block() -> int:
-    """A port P with P, P+1, P+2 and P+1000 (the router's Prometheus port) free."""
+    """A port P with P, P+2, P+3 (the replicas) and P+1000 (the router's Prometheus) free."""
     for _ in range(50):
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
@@ -40,7 +40,7 @@ def _free_block() -> int:
         if port + 1000 > 65535:
             continue
         try:
-            for p in (port + 1, port + 2, port + 1000):
+            for p in (port + 2, port + 3, port + 1000):
                 with socket.socket() as probe:
                     probe.bind(("127.0.0.1", p))
         except OSError:

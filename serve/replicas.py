@@ -1,12 +1,13 @@
 """Several replicas of one profile behind vLLM's router: `make serve REPLICAS=n`.
 
 The router listens on PORT (so BASE_URL and every command stay as for one server); replica i
-listens on PORT+1+i (1-based: PORT+1 stays the bench's embedded compressor's), each a `serve.launcher.Server` with its own log and pid file, so
-`make stop` stops replicas and router alike. On the CPU engine each replica is pinned to its own
-share of the CPUs this process may use (`taskset -c` and VLLM_CPU_OMP_THREADS_BIND); on a GPU
-profile each gets its own `profile.gpus` GPUs (CUDA_VISIBLE_DEVICES). Replicas start together
-and are checked one by one with the serve-time self-check; then the router starts and is
-checked with one short request per session (`check_router`).
+(1-based) listens on PORT+1+i, since PORT+1 stays the bench's embedded compressor's. Each is a
+`serve.launcher.Server` with its own log and pid file, so `make stop` stops replicas and router
+alike. On the CPU engine each replica is pinned to its own share of the CPUs this process may
+use (`taskset -c` and VLLM_CPU_OMP_THREADS_BIND); on a GPU profile each gets its own
+`profile.gpus` GPUs (CUDA_VISIBLE_DEVICES). Replicas start together and are checked one by one
+with the serve-time self-check; then the router starts and is checked with one short request per
+session (`check_router`).
 """
 
 from __future__ import annotations

@@ -23,6 +23,39 @@ from compaction_bench.bench.runfolder import (
 from compaction_bench.common.paths import histories_root
 from compaction_bench.serve.profile import Profile
 
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+def boot_id() -> str | None:
+    """This boot's id (Linux), or None where the system has none: a monotonic clock counts from
+    its boot, so two boots' readings do not line up."""
+    try:
+        return BOOT_ID.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def clock_fields(origin: float) -> dict[str, Any]:
+    """What a manifest records about its run clock: the monotonic origin, the wall time at that
+    origin and the boot it was read in (`resumed_origin`)."""
+    return {"clock_origin_monotonic": origin,
+            "clock_origin_wall": time.time() - (time.monotonic() - origin),
+            "boot_id": boot_id()}
+
+
+def resumed_origin(manifest: dict[str, Any], *, boot: str | None, monotonic_now: float,
+                   wall_now: float) -> float:
+    """The run clock's origin on this monotonic clock, for RESUME. In the boot that started the
+    run it is the recorded origin. After a reboot the monotonic clock restarted, so the recorded
+    origin would put new records before or among the old ones (issue 22): the origin is moved
+    so that the run clock keeps counting wall time since the run started. A manifest without a
+    boot id or wall origin (older runs) keeps its recorded origin."""
+    recorded = float(manifest["clock_origin_monotonic"])
+    was, wall = manifest.get("boot_id"), manifest.get("clock_origin_wall")
+    if was is None or boot is None or was == boot or not isinstance(wall, (int, float)):
+        return recorded
+    return monotonic_now - (wall_now - float(wall))
+
 
 def history_paths(task: str, arms: tuple[str, ...]) -> dict[str, Path]:
     """Each arm's history file; `placebo` is clean's very file under another name."""

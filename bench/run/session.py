@@ -37,10 +37,13 @@ from compaction_bench.bench.run.replay import (
     wire_options,
 )
 from compaction_bench.bench.run.resume import (
+    boot_id,
+    clock_fields,
     fingerprint,
     history_paths,
     open_run,
     resumed_config,
+    resumed_origin,
 )
 from compaction_bench.bench.run.stop import RunStop
 from compaction_bench.bench.run.telemetry import selfcheck
@@ -170,7 +173,8 @@ def run_session(config: BenchConfig, kind: RunKind, *, stream: TextIO = sys.stde
     if task is not None and sandbox is not None:  # a RESUME under a weaker box is another run
         prints["sandbox"] = sandbox.record(workspace_limits(task))
     run_id, run_dir, manifest = open_run(config, prints)
-    origin = float(manifest["clock_origin_monotonic"]) if manifest else time.monotonic()
+    origin = (resumed_origin(manifest, boot=boot_id(), monotonic_now=time.monotonic(),
+                             wall_now=time.time()) if manifest else time.monotonic())
     session = Session(config=config, profile=profile, task=task, sandbox=sandbox, paths=paths,
                       run_id=run_id, run_dir=run_dir, manifest=manifest, origin=origin,
                       stop=RunStop(), phases=PhaseLog(run_dir, origin), stream=stream,
@@ -249,7 +253,7 @@ def _setup(session: Session, stack: ExitStack, prints: dict[str, Any], kind: Run
             server_version=server_version(session.url),
             histories=history_hashes(session.paths), users=int(extra.pop("users")),
             blocks=int(extra.pop("blocks")))
-        manifest.update({"clock_origin_monotonic": session.origin, "fingerprint": prints,
+        manifest.update({**clock_fields(session.origin), "fingerprint": prints,
                          "structured_text": model.structured_text, "selfcheck": check,
                          "sandbox": prints["sandbox"] if session.sandbox else {
                              "level": "not needed", "why": "replay runs no agent commands"},

@@ -9,13 +9,18 @@ names, engines); a metric the server does not export is null. A failed scrape (s
 restarting, refusing) writes a line with `t_s` and `error` only, and sampling goes on: the gap
 stays visible in the file. Scraping and parsing are the server endpoints' client's
 (`serve.endpoints`: prometheus_client's text parser, the fields of `FIELDS`).
+
+Through a router, whose own /metrics is one replica's, the sampler is given the replicas and a
+line is their sum (counters, running and waiting requests) with `kv_cache_usage` their mean, so
+the file stays the whole served capacity's series; a replica that fails its scrape makes the
+line an error line. Each replica's own series is `replica_metrics.jsonl`.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -34,8 +39,10 @@ class MetricsSampler:
 
     def __init__(self, url: str, path: str | Path, *, interval_s: float = 1.0,
                  origin: float = 0.0, timeout_s: float = 5.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 replicas: Sequence[str] = ()) -> None:
         self.server = ServerEndpoints(url, timeout_s=timeout_s)
+        self.replicas = [ServerEndpoints(u, timeout_s=timeout_s) for u in replicas]
         self.writer = JsonlWriter(path)
         self.interval_s = interval_s
         self.origin_s = origin
@@ -53,7 +60,8 @@ class MetricsSampler:
     def sample_once(self) -> dict[str, Any]:
         """Scrape once and write the line (never raises for a failed scrape)."""
         try:
-            values = self.server.metrics()
+            values = (self.server.metrics() if not self.replicas else
+                      combined([r.metrics() for r in self.replicas]))
             record: dict[str, Any] = {"t_s": self.clock() - self.origin_s, **values}
             self.latest = record
             self.samples += 1
@@ -77,6 +85,8 @@ class MetricsSampler:
         if self._thread.is_alive():
             self._thread.join()
         self.server.close()
+        for replica in self.replicas:
+            replica.close()
         self.writer.close()
 
     def __enter__(self) -> MetricsSampler:
@@ -85,3 +95,17 @@ class MetricsSampler:
     def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.stop()
+
+
+def combined(parts: list[dict[str, float | None]]) -> dict[str, float | None]:
+    """Several replicas' fields as one server's: sums, `kv_cache_usage` the mean; a field any
+    replica lacks is None."""
+    out: dict[str, float | None] = {}
+    for key in parts[0] if parts else {}:
+        values = [p.get(key) for p in parts]
+        if any(v is None for v in values):
+            out[key] = None
+            continue
+        total = sum(float(v) for v in values if v is not None)
+        out[key] = total / len(values) if key == "kv_cache_usage" else total
+    return out

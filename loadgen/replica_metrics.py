@@ -5,7 +5,8 @@ A router's own `/metrics` is one replica's (vllm-router 0.1.17 proxies it to a w
 run's `metrics.jsonl` cannot speak for several replicas; this file does, one line per replica
 per scrape: the fields of `metrics.jsonl` (serve.endpoints.FIELDS, `requests_finished` among
 them) plus `replica` (the replica's server URL) and, where the router's own Prometheus port is
-known, `routed_requests` (the router's cumulative count of requests it sent to that replica).
+known, `routed_requests` (the router's cumulative count of HTTP requests it sent to that
+replica: /v1/models, /tokenize and /health through it count too, not only chat requests).
 A failed scrape writes `t_s`, `replica` and `error`. They are separate from `metrics.jsonl`
 so that its counters stay one server's series.
 

@@ -78,9 +78,10 @@ def run_telemetry(config: BenchConfig, url: str, run_dir: Path, origin: float, u
     from compaction_bench.serve.gpu import GpuSampler
 
     with ExitStack() as stack:
-        sampler = stack.enter_context(MetricsSampler(url, run_dir / "metrics.jsonl",
-                                                     origin=origin))
         replicas = replica_targets(config)
+        sampler = stack.enter_context(MetricsSampler(
+            url, run_dir / "metrics.jsonl", origin=origin,
+            replicas=replicas.urls if replicas is not None else ()))
         if replicas is not None:
             stack.enter_context(ReplicaSampler(replicas, run_dir / REPLICA_METRICS,
                                                origin=origin))
@@ -130,13 +131,22 @@ def selfcheck(config: BenchConfig, url: str, profile: Profile, run_dir: Path
 
     from compaction_bench.serve.selfcheck import SelfCheckError, run_selfcheck
 
-    try:
-        report = run_selfcheck(url, profile, api_key=os.environ.get("API_KEY") or None)
-    except SelfCheckError as exc:
-        write_json(run_dir / "selfcheck.json", exc.report.to_json())
-        raise
-    found: dict[str, Any] = report.to_json()
-    return found
+    # Through a router each replica is checked itself: the cache checks repeat a prompt and
+    # read /metrics, and a router may send the repeat elsewhere and shows one replica's metrics.
+    replicas = replica_targets(config)
+    reports: dict[str, Any] = {}
+    for target in replicas.urls if replicas is not None else (url,):
+        try:
+            report = run_selfcheck(target, profile, api_key=os.environ.get("API_KEY") or None)
+        except SelfCheckError as exc:
+            write_json(run_dir / "selfcheck.json", {**reports, target: exc.report.to_json()}
+                       if replicas is not None else exc.report.to_json())
+            raise
+        reports[target] = report.to_json()
+    if replicas is None:
+        found: dict[str, Any] = reports[url]
+        return found
+    return {"replicas": reports}
 
 
 def service_probe(url: str, profile: Profile, users: int) -> ServiceProbe | None:

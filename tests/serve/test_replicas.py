@@ -118,3 +118,14 @@ def test_a_request_goes_to_the_only_replica_whose_count_rose_as_it_ended() -> No
     twice = infer_replicas([{"request_id": "x", "status": "ok", "end_s": 0.5},
                             {"request_id": "y", "status": "ok", "end_s": 0.6}], lines)
     assert all(a.replica is None for a in twice.values())
+
+
+def test_through_a_router_metrics_lines_are_the_replicas_sum() -> None:
+    from compaction_bench.loadgen.metrics import combined
+
+    a = {"num_requests_running": 2.0, "kv_cache_usage": 0.5, "prefix_cache_hits": 100.0,
+         "requests_finished": None}
+    b = {"num_requests_running": 1.0, "kv_cache_usage": 0.1, "prefix_cache_hits": 28.0,
+         "requests_finished": 4.0}
+    assert combined([a, b]) == {"num_requests_running": 3.0, "kv_cache_usage": 0.3,
+                                "prefix_cache_hits": 128.0, "requests_finished": None}

@@ -153,7 +153,7 @@ class BlockRecord:
     order: tuple[str, ...] = ()
     started_s: float | None = None
     ended_s: float | None = None
-    seed: int | None = None
+    seed: int | None = None  # clean's sampling seed in this block (each arm's: its own record)
     released_s: float | None = None  # when the arms were released together, after setup
     load: dict[str, Any] | None = None
     invalid_reasons: tuple[str, ...] = ()

@@ -40,7 +40,6 @@ from compaction_bench.bench.run.config import (
     BenchConfig,
     arm_seed,
     cache_salt,
-    derived_seed,
 )
 from compaction_bench.bench.run.writer import RunWriter
 from compaction_bench.bench.runfolder import ArmRecord
@@ -327,6 +326,8 @@ def run_block(arms: list[Arm], *, settings: BlockSettings, regime: str, block: i
             thread.join()
     return BlockOutcome(records=[records[a.name] for a in order if a.name in records],
                         order=tuple(a.name for a in order),
-                        seed=derived_seed(config.seed, block), started_s=started,
+                        # the sampling seed the block's arms used (clean's: common to every arm
+                        # but the placebo under SEEDS=common; each arm's own is in its record)
+                        seed=arm_seed(config, block, REFERENCE, attempt), started_s=started,
                         released_s=released, ended_s=clock(), block_pass=block_pass,
                         record=record_name)

@@ -51,7 +51,7 @@ class Snapshots:
         done = subprocess.run(["git", "-c", "core.hooksPath=/dev/null", "-c",
                                "core.fsmonitor=false", "-c", "core.bare=true", *args],
                               input=stdin, capture_output=True, timeout=GIT_TIMEOUT_S,
-                              cwd=self.gitdir, env=env, check=False)
+                              cwd=self.gitdir, env=env, check=False, start_new_session=True)
         if done.returncode != 0:
             why = done.stderr.decode("utf-8", "replace").strip().splitlines()
             raise CaptureError(f"patch capture: git {args[0]} failed ({done.returncode}): "

@@ -35,6 +35,17 @@ def _own_cgroups() -> dict[str, str]:
     return found
 
 
+def _sweep(base: Path) -> None:
+    """Remove empty cgroups left by a suite process that died before closing its boxes (a
+    SIGKILLed bench): `compbench-<pid>-<n>` whose pid is gone."""
+    with contextlib.suppress(OSError):
+        for stale in base.glob("compbench-*-*"):
+            pid = stale.name.split("-")[1]
+            if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+                with contextlib.suppress(OSError):  # not empty: its processes still run
+                    stale.rmdir()
+
+
 def _write(path: Path, value: str) -> None:
     path.write_text(value)
 
@@ -61,6 +72,7 @@ class Totals:
                 continue
             base = CGROUP_ROOT / (own.get("", "/") if v2 else
                                   f"{controller}/{own[controller]}").lstrip("/")
+            _sweep(base)
             folder = base / name
             try:
                 folder.mkdir(exist_ok=True)
@@ -116,7 +128,8 @@ def mount_workspace(path: Path, size_bytes: int) -> str | None:
         return "mounting a sized tmpfs at the workspace needs root"
     done = subprocess.run(["mount", "-t", "tmpfs", "-o",
                            f"size={size_bytes},mode=0755,nosuid,nodev", "compbench-workspace",
-                           str(path)], capture_output=True, text=True, timeout=30, check=False)
+                           str(path)], capture_output=True, text=True, timeout=30, check=False,
+                          start_new_session=True)  # a Ctrl-C of the bench must not cut it
     if done.returncode != 0:
         return f"mount -t tmpfs failed: {done.stderr.strip()[:200]}"
     return None
@@ -124,4 +137,5 @@ def mount_workspace(path: Path, size_bytes: int) -> str | None:
 
 def unmount_workspace(path: Path) -> None:
     """Unmount what `mount_workspace` mounted (its files go with it)."""
-    subprocess.run(["umount", str(path)], capture_output=True, timeout=30, check=False)
+    subprocess.run(["umount", str(path)], capture_output=True, timeout=30, check=False,
+                   start_new_session=True)  # a Ctrl-C of the bench must not leave it mounted

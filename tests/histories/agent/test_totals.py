@@ -19,6 +19,7 @@ import psutil
 import pytest
 
 from compaction_bench.histories.agent.sandbox import SandboxLimits
+from compaction_bench.histories.agent.totals import _own_cgroups
 from compaction_bench.histories.agent.workspace import ConfinedEnvironment, Workspace
 from compaction_bench.histories.tasks.task import load_task
 
@@ -106,3 +107,11 @@ def test_a_suite_without_root_records_which_totals_were_not_in_force(tmp_path: P
     record = done.stdout
     assert '"not_in_force"' in record and "memory" in record and "workspace" in record
     assert "does not let the suite create a memory cgroup" in record
+
+
+def test_cgroups_left_by_a_killed_suite_are_swept() -> None:
+    base = Path("/sys/fs/cgroup/pids") / _own_cgroups().get("pids", "/").lstrip("/")
+    stale = base / "compbench-4194999-1"  # no such pid: above pid_max
+    stale.mkdir(exist_ok=True)
+    with Workspace(load_task("fix-median"), limits=LIMITS):
+        assert not stale.exists()

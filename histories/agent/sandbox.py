@@ -297,9 +297,10 @@ class Sandbox:
             return argv, {**env, **(found[1] if found else {})}, fds
         if kind == "unshare":
             assert self.confinement.tool is not None
-            user = [] if self.uid is not None else ["--user", "--map-root-user"]
-            return [self.confinement.tool, "--pid", "--fork", "--net", "--mount-proc",
-                    "--kill-child", *user, "/bin/sh", "-c", command], env, []
+            # a user namespace of its own in every case: the sandbox uid a root suite switches
+            # to may not make PID or network namespaces without one (EPERM on every command)
+            return [self.confinement.tool, "--user", "--map-root-user", "--pid", "--fork",
+                    "--net", "--mount-proc", "--kill-child", "/bin/sh", "-c", command], env, []
         return ["/bin/sh", "-c", command], env, []
 
     def _preexec(self, limits: SandboxLimits) -> None:

@@ -12,6 +12,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from compaction_bench.common.paths import repo_root
-from compaction_bench.histories.agent.sandbox import bwrap_command
+from compaction_bench.histories.agent.sandbox import Confinement, Sandbox, _probe, bwrap_command
 from compaction_bench.histories.agent.workspace import ConfinedEnvironment, Workspace
 from compaction_bench.histories.tasks.task import load_task
 
@@ -230,3 +231,24 @@ def test_where_bwrap_cannot_run_unshare_is_never_chosen_silently() -> None:
     assert opted.returncode != 0 and "cannot be confined" in opted.stderr
     unsafe = _where_bwrap_cannot_run(CONFINE, {"UNSAFE_NO_SANDBOX": "1"})
     assert "LEVEL none" in unsafe.stdout, unsafe.stderr
+
+
+def test_opted_in_unshare_is_probed_as_the_commands_uid_and_recorded_weaker() -> None:
+    tool = shutil.which("unshare")
+    if tool is None:
+        pytest.skip("no util-linux unshare here")
+    probed = _probe(Confinement("unshare", tool, None, "UNSAFE_SANDBOX_UNSHARE=1"))
+    assert probed is not None  # it runs as the uid the commands get (root suites: their own)
+    folder = Path(tempfile.mkdtemp(prefix="compbench-unshare-"))  # others may enter /tmp
+    folder.chmod(0o755)
+    box = Sandbox(folder, level=probed)
+    try:
+        got = box.run("ps ax | wc -l; python3 -c \"import socket; socket.create_connection("
+                      "('127.0.0.1', 9), timeout=2)\" 2>&1 | tail -1", timeout_s=20)
+    finally:
+        box.close()
+        shutil.rmtree(folder)
+    assert "Network is unreachable" in got.output and int(got.output.split()[0]) < 10
+    record = probed.record(box.limits)
+    assert record["opt_in"] == "UNSAFE_SANDBOX_UNSHARE=1"
+    assert "unix sockets stay reachable" in str(record["confines"])

@@ -17,6 +17,7 @@ import pytest
 from compaction_bench.common.paths import repo_root
 from compaction_bench.histories.agent.chat import ChatModelConfig
 from compaction_bench.histories.agent.episode import open_episode
+from compaction_bench.histories.agent.sandbox import Confinement, SandboxLimits
 from compaction_bench.histories.agent.seccomp import DENIED, filter_program
 from compaction_bench.histories.agent.workspace import ConfinedEnvironment, Workspace
 from compaction_bench.histories.tasks.task import load_task
@@ -91,3 +92,10 @@ def test_the_manifest_and_the_fingerprint_hold_the_box(tmp_path: Path) -> None:
     assert again.returncode != 0
     line = [x for x in again.stderr.splitlines() if x.strip()][-1]
     assert "this is not the same run: sandbox (run: {'level': 'unshare'" in line, line
+
+
+def test_an_unconfined_run_says_who_allowed_it_and_what_it_left_open() -> None:
+    record = Confinement("none", None, None, "UNSAFE_NO_SANDBOX=1").record(SandboxLimits())
+    assert record["opt_in"] == "UNSAFE_NO_SANDBOX=1"
+    assert str(record["confines"]).startswith("nothing")
+    assert record["seccomp"] == {"seccomp": None, "why": "none loads no filter"}

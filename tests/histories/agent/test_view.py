@@ -252,3 +252,21 @@ def test_opted_in_unshare_is_probed_as_the_commands_uid_and_recorded_weaker() ->
     record = probed.record(box.limits)
     assert record["opt_in"] == "UNSAFE_SANDBOX_UNSHARE=1"
     assert "unix sockets stay reachable" in str(record["confines"])
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching to another uid needs root")
+def test_a_non_root_suite_gets_the_same_view(servers: UnixServers,
+                                             planted: dict[Path, str]) -> None:
+    code = ("from compaction_bench.histories.agent.workspace import Workspace\n"
+            "from compaction_bench.histories.tasks.task import load_task\n"
+            "with Workspace(load_task('fix-median')) as ws:\n"
+            f"    print(ws.env.execute({{'command': {CONNECT + ' '.join(map(str, servers.paths))!r}"
+            f" + '; cat {' '.join(map(str, planted))} 2>&1; id -G'}})['output'])\n"
+            "    print('LEVEL', ws.sandbox.describe()['level'], ws.sandbox.uid)")
+    done = _as_user(code, groups=None)
+    assert done.returncode == 0, done.stderr
+    assert "LEVEL bwrap None" in done.stdout and "refused" in done.stdout
+    assert "CONNECTED" not in done.stdout and "61900" in done.stdout
+    assert not any(secret in done.stdout for secret in planted.values()), done.stdout
+    time.sleep(0.2)
+    assert not servers.accepted

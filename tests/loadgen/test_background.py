@@ -50,6 +50,9 @@ def test_local_run_writes_open_loop_records(fake: FakeProcess, tmp_path: Path) -
     assert processes == 1
     assert {r["labels"]["user"] for r in rows} == {0, 1, 2}
     assert all(r["source"] == "background" and r["regime"] == "shared" for r in rows)
+    # each background agent's conversation is one session (X-Session-Id)
+    assert all(r["session_id"] == f"bg-{r['labels']['user']}-c{r['labels']['cycle']}"
+               for r in rows)
     assert {r["block"] for r in rows} <= {None, 7} and any(r["block"] == 7 for r in rows)
     ok = [r for r in rows if r["status"] == "ok"]
     assert len(ok) >= 3

@@ -71,6 +71,9 @@ def test_replay_blocks_send_every_recorded_turn_at_its_recorded_length(
     requests = [r for r in lines(run / "requests.jsonl") if r.get("source") == "external"]
     assert all(r["completion_tokens"] == r["labels"]["recorded_completion_tokens"]
                for r in requests)
+    # one agent, one session: every request of an arm's block carries that arm's id
+    assert {(r["block"], r["session_id"]) for r in requests} == {
+        (b, f"dedicated-b{b}-external-original") for b in (1, 2, 3)}
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["config"]["source"] == "replay" and manifest["replay"]["records"] == list(
         RECORDS)

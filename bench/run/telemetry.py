@@ -146,7 +146,9 @@ def selfcheck(config: BenchConfig, url: str, profile: Profile, run_dir: Path
     if replicas is None:
         found: dict[str, Any] = reports[url]
         return found
-    return {"replicas": reports}
+    # the first replica's report where one server's stands (the replicas share the profile, so
+    # its cache config is theirs: the cache-break analysis reads it), every replica's beside it
+    return {**reports[replicas.urls[0]], "replicas": reports}
 
 
 def service_probe(url: str, profile: Profile, users: int) -> ServiceProbe | None:

@@ -41,6 +41,7 @@ from compaction_bench.bench.runfolder import (
 )
 
 POOLED = "pooled"
+CENSORED = "TimeExceeded"  # the terminal status of an arm stopped at the wall limit
 BlockKey = tuple[str, int]
 
 HELPER_WAIT_LIMIT_S = 1.0  # a longer wait for a lazy helper start: the block is not fair
@@ -272,14 +273,29 @@ def _paired(
     value: Callable[[ArmRecord], float | None],
     *,
     equal_turns: bool = False,
+    censored: bool = True,
 ) -> PairedChange:
     if equal_turns:
         chosen = [b for b in chosen if REFERENCE_ARM in b and b[arm].turns is not None
                   and b[arm].turns == b[REFERENCE_ARM].turns]
     # A run whose manifest lists no clean arm has nothing to pair with: n=0, not a KeyError.
-    pairs = [(value(b[arm]), value(b[REFERENCE_ARM])) for b in chosen if REFERENCE_ARM in b]
-    kept = [(a, c) for a, c in pairs if a is not None and c is not None and c != 0]
-    return paired_change([a for a, _ in kept], [c for _, c in kept])
+    arms_, refs, arm_cut, ref_cut = [], [], [], []
+    for block in chosen:
+        if REFERENCE_ARM not in block:
+            continue
+        a, c = value(block[arm]), value(block[REFERENCE_ARM])
+        if a is None or c is None or c == 0:
+            continue
+        arms_.append(a)
+        refs.append(c)
+        arm_cut.append(censored and is_censored(block[arm]))
+        ref_cut.append(censored and is_censored(block[REFERENCE_ARM]))
+    return paired_change(arms_, refs, arm_censored=arm_cut, reference_censored=ref_cut)
+
+
+def is_censored(record: ArmRecord) -> bool:
+    """Stopped by the wall limit: its time and tokens are lower bounds of the true ones."""
+    return record.terminal_status == CENSORED
 
 
 def _with_rewrite(record: ArmRecord) -> float | None:
@@ -322,7 +338,8 @@ def compare(
                                      equal_turns=True),
             completion_tokens=_paired(chosen, arm, lambda r: r.completion_tokens,
                                       equal_turns=True),
-            history_tokens=_paired(chosen, arm, lambda r: r.history_tokens),
+            # the history at the fork is sent before any limit can cut: never censored
+            history_tokens=_paired(chosen, arm, lambda r: r.history_tokens, censored=False),
         )
     clean = [b[REFERENCE_ARM] for b in chosen] if REFERENCE_ARM in arms else []
     return Comparison(

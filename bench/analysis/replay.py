@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from compaction_bench.bench.analysis.paired import POOLED, RunAnalysis
+from compaction_bench.bench.analysis.paired import POOLED, RunAnalysis, is_censored
 from compaction_bench.bench.analysis.stats import PairedChange, median_interval, paired_change
 from compaction_bench.bench.runfolder import REFERENCE_ARM, ArmRecord
 
@@ -119,18 +119,22 @@ def _split(analysis: RunAnalysis, regime: str, arm: str, twin: str) -> Split | N
     blocks = [b.primary for b in analysis.blocks
               if b.primary and (regime == POOLED or b.regime == regime)
               and (regime != POOLED or b.regime in analysis.pooled_regimes)]
-    rows = [(b[arm].postfork_s, b[twin].postfork_s, b[REFERENCE_ARM].postfork_s)
-            for b in blocks if arm in b and twin in b and REFERENCE_ARM in b
-            and b[REFERENCE_ARM].postfork_s > 0]
-    if not rows:
+    usable = [b for b in blocks if arm in b and twin in b and REFERENCE_ARM in b
+              and b[REFERENCE_ARM].postfork_s > 0]
+    if not usable:
         return None
-    recorded, history, clean = (list(column) for column in zip(*rows, strict=True))
+    recorded, history, clean = ([b[name].postfork_s for b in usable]
+                                for name in (arm, twin, REFERENCE_ARM))
+    cut = {name: [is_censored(b[name]) for b in usable] for name in (arm, twin, REFERENCE_ARM)}
     parts = 100.0 * (np.asarray(recorded) - np.asarray(history)) / np.asarray(clean)
-    interval = median_interval(parts)
+    # a replay cut by its wall limit makes the continuation part a bound of unknown direction
+    interval = None if any(cut[arm]) or any(cut[twin]) else median_interval(parts)
     return Split(
         regime=regime, arm=arm, twin=twin,
-        total=paired_change(recorded, clean),
-        history=paired_change(history, clean),
+        total=paired_change(recorded, clean, arm_censored=cut[arm],
+                            reference_censored=cut[REFERENCE_ARM]),
+        history=paired_change(history, clean, arm_censored=cut[twin],
+                              reference_censored=cut[REFERENCE_ARM]),
         continuation_pct=tuple(float(p) for p in parts),
         continuation_median_pct=float(np.median(parts)),
         continuation_ci_pct=(interval.low, interval.high) if interval else None)

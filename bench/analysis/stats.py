@@ -97,6 +97,7 @@ class PairedChange:
     arm_median: float | None
     reference_median: float | None
     coverage: float | None = None
+    n_censored: int = 0  # blocks where either side was stopped at the wall limit
 
     @property
     def widest_coverage(self) -> float:
@@ -133,26 +134,49 @@ def percent_changes(arm: Sequence[float], reference: Sequence[float]) -> np.ndar
 def paired_change(
     arm: Sequence[float],
     reference: Sequence[float],
+    *,
+    arm_censored: Sequence[bool] | None = None,
+    reference_censored: Sequence[bool] | None = None,
 ) -> PairedChange:
     """Median paired percent change of `arm` vs `reference`, its interval and direction counts.
 
     The unit is the block, because the arms of a block share load, cache state and start time:
     their paired change is one observation, and the blocks are the independent draws the
-    order-statistic interval needs."""
+    order-statistic interval needs.
+
+    Censoring: a value stopped at a wall limit is a lower bound of the true one, so a block's
+    change is a lower bound where the arm was censored and an upper bound where the reference
+    was. The interval's low end is taken from the changes with every reference-censored block at
+    -inf, its high end with every arm-censored block at +inf: each is a bound of the true order
+    statistic, so the coverage stated still holds (an end that reaches a censored block is
+    unbounded). The median and the direction counts are of the observed values, and
+    `n_censored` says how many blocks they rest on a bound."""
     changes = percent_changes(arm, reference)
+    n = int(changes.size)
+    arm_cut = np.asarray(arm_censored if arm_censored is not None else [False] * n, dtype=bool)
+    ref_cut = np.asarray(reference_censored if reference_censored is not None else [False] * n,
+                         dtype=bool)
+    if arm_cut.shape != changes.shape or ref_cut.shape != changes.shape:
+        raise ValueError(f"censoring flags differ in length from the {n} paired values")
     interval = median_interval(changes)
+    low = high = None
+    if interval is not None:
+        lows, highs = np.sort(np.where(ref_cut, -np.inf, changes)), np.sort(
+            np.where(arm_cut, np.inf, changes))
+        low, high = float(lows[interval.k - 1]), float(highs[n - interval.k])
     return PairedChange(
-        n=int(changes.size),
+        n=n,
         changes_pct=tuple(float(c) for c in changes),
         median_pct=median_or_none(changes.tolist()),
-        ci_low_pct=interval.low if interval else None,
-        ci_high_pct=interval.high if interval else None,
+        ci_low_pct=low,
+        ci_high_pct=high,
         n_faster=int(np.sum(changes < 0)),
         n_equal=int(np.sum(changes == 0)),
         n_slower=int(np.sum(changes > 0)),
         arm_median=median_or_none(list(arm)),
         reference_median=median_or_none(list(reference)),
         coverage=interval.coverage if interval else None,
+        n_censored=int(np.sum(arm_cut | ref_cut)),
     )
 
 

@@ -5,6 +5,7 @@ Built from the same `RunAnalysis` the report renders, so every number appears on
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,6 +18,14 @@ from compaction_bench.common.resampling import CONFIDENCE, RESAMPLES
 SUMMARY_SCHEMA_VERSION = 3
 
 
+def unbounded(change: PairedChange) -> str | None:
+    """Which end of the interval a censored block left open ("low", "high", "both"): JSON
+    writes that end as null, so this says it is unbounded, not missing."""
+    ends = [name for name, end in (("low", change.ci_low_pct), ("high", change.ci_high_pct))
+            if end is not None and math.isinf(end)]
+    return "both" if len(ends) == 2 else ends[0] if ends else None
+
+
 def _paired(change: PairedChange) -> dict[str, Any]:
     return {
         "n": change.n,
@@ -26,6 +35,8 @@ def _paired(change: PairedChange) -> dict[str, Any]:
         "ci_low_pct": change.ci_low_pct,
         "ci_high_pct": change.ci_high_pct,
         "ci_coverage": change.coverage,
+        "ci_unbounded": unbounded(change),
+        "n_censored": change.n_censored,
         "n_lower": change.n_faster,
         "n_equal": change.n_equal,
         "n_higher": change.n_slower,
@@ -55,6 +66,8 @@ def _arm(analysis: RunAnalysis, comparison: Comparison, arm: str) -> dict[str, A
             "ci_low_pct": found.postfork.ci_low_pct,
             "ci_high_pct": found.postfork.ci_high_pct,
             "ci_coverage": found.postfork.coverage,
+            "ci_unbounded": unbounded(found.postfork),
+            "n_censored": found.postfork.n_censored,
             "share_faster": found.postfork.share_faster,
             "n_faster": found.postfork.n_faster,
             "n_equal": found.postfork.n_equal,

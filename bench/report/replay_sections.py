@@ -31,7 +31,14 @@ def _split_row(split: Split) -> tuple[str, ...]:
             f"{_pct(split.history.median_pct)} "
             f"{_ci(split.history.ci_low_pct, split.history.ci_high_pct)}",
             f"{_pct(split.continuation_median_pct)} "
-            f"{_ci(ci[0], ci[1]) if ci else _ci(None, None)}")
+            f"{_ci(ci[0], ci[1]) if ci else _cut(split) or _ci(None, None)}")
+
+
+def _cut(split: Split) -> str | None:
+    """Why the continuation part has no interval though the blocks are enough, if so."""
+    cut = max(split.total.n_censored, split.history.n_censored)
+    return (f"no interval ({cut} block(s) cut at the wall limit: this part's bound has no "
+            "known direction)" if cut and split.n >= MIN_BLOCKS_FOR_MEDIAN_INTERVAL else None)
 
 
 def replay_sections(replay: ReplayAnalysis, arms: Sequence[str]) -> list[Section]:

@@ -109,7 +109,10 @@ def change_cell(change: PairedChange, *, with_n: bool = False) -> str:
         return (f"{pct(change.median_pct)} (n={change.n}: no interval below "
                 f"{MIN_BLOCKS_FOR_MEDIAN_INTERVAL} blocks; [min, max] covers the median "
                 f"{change.widest_coverage:.1%} only)")
-    return f"{pct(change.median_pct)} [{change.ci_low_pct:+.1f}, {change.ci_high_pct:+.1f}]{n}"
+    cut = (f"; {change.n_censored} of {change.n} blocks stopped at the wall limit: an end "
+           f"they reach is unbounded" if change.n_censored else "")
+    return (f"{pct(change.median_pct)} [{change.ci_low_pct:+.1f}, {change.ci_high_pct:+.1f}]{n}"
+            f"{cut}")
 
 
 def interval_line(analysis: RunAnalysis) -> str:

@@ -166,10 +166,13 @@ def silent_downgrade() -> FaultResult:
     code = (f"import site; site.addsitedir({str(site)!r})\n"
             "from compaction_bench.histories.agent.sandbox import confinement\n"
             "print('LEVEL', confinement().level)")
+    # the checkout is bound again after /tmp is emptied: a checkout under /tmp (a CI clone)
+    # would vanish with it, and the suite's editable install with it
     argv, extra = bwrap_command([
         "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
-        "--unshare-user", "--unshare-pid", "--disable-userns", "--uid", "61900", "--gid",
-        "61900", "--die-with-parent", "--clearenv", "--setenv", "PATH", "/usr/bin:/bin",
+        "--ro-bind", str(repo_root()), str(repo_root()), "--unshare-user", "--unshare-pid",
+        "--disable-userns", "--uid", "61900", "--gid", "61900", "--die-with-parent",
+        "--clearenv", "--setenv", "PATH", "/usr/bin:/bin",
         "--setenv", "HOME", "/tmp", "--chdir", "/tmp", "/usr/bin/python3", "-c", code])
     prefix = ["setpriv", "--reuid=61900", "--regid=61900", "--clear-groups"] \
         if os.geteuid() == 0 else []

@@ -208,8 +208,10 @@ def test_a_non_root_suite_with_supplementary_groups_is_refused_naming_the_fix() 
 def _where_bwrap_cannot_run(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """`code` run in a box of its own that allows no further user namespace (as on a host
     where unprivileged user namespaces are off): the system's view, read-only, as uid 61900."""
+    # the checkout is bound back after /tmp is emptied (a clone under /tmp would vanish)
     argv, extra = bwrap_command([
         "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+        "--ro-bind", str(repo_root()), str(repo_root()),
         "--unshare-user", "--unshare-pid", "--disable-userns", "--uid", "61900", "--gid",
         "61900", "--die-with-parent", "--clearenv", "--setenv", "PATH", "/usr/bin:/bin",
         "--setenv", "HOME", "/tmp", *[a for k, v in env.items() for a in ("--setenv", k, v)],

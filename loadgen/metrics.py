@@ -18,7 +18,6 @@ line an error line. Each replica's own series is `replica_metrics.jsonl`.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -26,6 +25,7 @@ from types import TracebackType
 from typing import Any
 
 from compaction_bench.common.files import JsonlWriter
+from compaction_bench.common.periodic import Periodic
 from compaction_bench.serve.endpoints import EndpointError, ServerEndpoints
 
 
@@ -50,11 +50,11 @@ class MetricsSampler:
         self.latest: dict[str, Any] | None = None
         self.samples = 0
         self.failures = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="metrics-sampler", daemon=True)
+        self._beat = Periodic(self.sample_once, interval_s=interval_s, clock=clock,
+                              name="metrics-sampler")
 
     def start(self) -> MetricsSampler:
-        self._thread.start()
+        self._beat.start()
         return self
 
     def sample_once(self) -> dict[str, Any]:
@@ -71,19 +71,8 @@ class MetricsSampler:
         self.writer.write(record)
         return record
 
-    def _run(self) -> None:
-        next_due = self.clock()
-        while not self._stop.is_set():
-            self.sample_once()
-            next_due += self.interval_s
-            # on a fixed grid; after a slow scrape skip ahead instead of bursting
-            next_due = max(next_due, self.clock())
-            self._stop.wait(max(0.0, next_due - self.clock()))
-
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
+        self._beat.stop()
         self.server.close()
         for replica in self.replicas:
             replica.close()

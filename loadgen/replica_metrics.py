@@ -20,7 +20,6 @@ ambiguous, and per-replica figures then come from the counters' deltas, not from
 from __future__ import annotations
 
 import bisect
-import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from typing import Any
 import httpx
 
 from compaction_bench.common.files import JsonlWriter
+from compaction_bench.common.periodic import Periodic
 from compaction_bench.common.timing import Clock, monotonic
 from compaction_bench.serve.endpoints import EndpointError, ServerEndpoints
 
@@ -62,8 +62,8 @@ class ReplicaSampler:
         self.clock = clock
         self.routed = routed or routed_counts
         self.samples = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="replica-sampler", daemon=True)
+        self._beat = Periodic(self.sample_once, interval_s=interval_s, clock=clock,
+                              name="replica-sampler")
 
     def sample_once(self) -> list[dict[str, Any]]:
         """One scrape of the router's counters and every replica; the lines written."""
@@ -88,22 +88,13 @@ class ReplicaSampler:
         self.samples += 1
         return lines
 
-    def _run(self) -> None:
-        next_due = self.clock()
-        while not self._stop.is_set():
-            self.sample_once()
-            next_due = max(next_due + self.interval_s, self.clock())
-            self._stop.wait(max(0.0, next_due - self.clock()))
-
     def __enter__(self) -> ReplicaSampler:
-        self._thread.start()
+        self._beat.start()
         return self
 
     def stop(self) -> None:
         """Stop sampling (idempotent); returns after the last line is written."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
+        self._beat.stop()
         for server in self.servers:
             server.close()
         self.writer.close()

@@ -9,7 +9,6 @@ gets exactly one line, `{"t_s", "telemetry": "off", "reason"}`, and nothing is s
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +16,7 @@ from types import ModuleType, TracebackType
 from typing import Any
 
 from compaction_bench.common.files import JsonlWriter
+from compaction_bench.common.periodic import Periodic
 from compaction_bench.serve.hardware import NvmlUnavailableError, close_nvml, open_nvml, text
 
 
@@ -41,8 +41,8 @@ class GpuSampler:
         self._nvml = nvml
         self._handles: list[Any] = []
         self._names: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="gpu-sampler", daemon=True)
+        self._beat = Periodic(self.sample_once, interval_s=interval_s, clock=clock,
+                              name="gpu-sampler")
 
     def start(self) -> GpuSampler:
         try:
@@ -64,7 +64,7 @@ class GpuSampler:
             self._off("NVML found no GPU (nvmlDeviceGetCount() = 0)")
             return self
         self.enabled = True
-        self._thread.start()
+        self._beat.start()
         return self
 
     def _off(self, reason: str) -> None:
@@ -95,17 +95,8 @@ class GpuSampler:
         self.samples += 1
         return rows
 
-    def _run(self) -> None:
-        next_due = self.clock()
-        while not self._stop.is_set():
-            self.sample_once()
-            next_due = max(next_due + self.interval_s, self.clock())
-            self._stop.wait(max(0.0, next_due - self.clock()))
-
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
+        self._beat.stop()
         if self.enabled and self._nvml is not None:
             close_nvml(self._nvml)  # never raises: telemetry must never fail a run
             self.enabled = False

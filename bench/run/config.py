@@ -51,7 +51,7 @@ RUN_SETTINGS = ("regime", "source", "records", "side_by_side", "tool_time", "tas
                 "seed", "seeds", "cache", "protocol", "rewrite_cache", "step_limit", "prompt",
                 "blocks", "external_url", "locust_workers", "speculative", "expert_parallel",
                 "stream_deadline_s", "compressor_deadline_s", "arm_wall_s", "sweep",
-                "fast_start", "token_ids")
+                "fast_start", "token_ids", "router_policy")
 
 
 class BenchError(SuiteError):
@@ -121,6 +121,11 @@ class BenchConfig(BaseModel):
         default=(), description="the replicas behind the router at BASE_URL (their server "
         "URLs, for their /metrics: replica_metrics.jsonl); default: those of `make serve "
         "REPLICAS=n` on PORT, none for one server")
+    router_policy: tuple[str, ...] = Field(
+        default=(), description="run the whole run once per vLLM router policy "
+        "(comma-separated, e.g. round_robin,consistent_hash), each through a router the bench "
+        "starts in front of the replicas (REPLICA_URLS, or those of `make serve REPLICAS=n`), "
+        "so each arm's paired change is measured under each policy; empty: BASE_URL as it is")
     router_metrics_url: str | None = Field(
         default=None, description="the router's own Prometheus endpoint (its per-replica "
         "request counts); default: that of `make serve REPLICAS=n` on PORT")
@@ -223,6 +228,18 @@ class BenchConfig(BaseModel):
     @classmethod
     def _replicas(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(server_url(u) for u in value)
+
+    @field_validator("router_policy")
+    @classmethod
+    def _policies(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        from compaction_bench.serve.router import ROUTER_POLICIES
+
+        if len(set(value)) != len(value):
+            raise ValueError(f"router policies repeat: {', '.join(value)}")
+        if bad := [p for p in value if p not in ROUTER_POLICIES]:
+            raise ValueError(f"unknown router policy '{bad[0]}'; use one or more of "
+                             f"{', '.join(ROUTER_POLICIES)} (ROUTER_POLICY=round_robin,...)")
+        return value
 
     @field_validator("arms")
     @classmethod

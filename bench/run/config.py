@@ -19,10 +19,13 @@ from compaction_bench.common.net import server_url
 from compaction_bench.common.paths import results_dir
 from compaction_bench.serve.profile import Profile
 
-Regime = Literal["dedicated", "shared", "overloaded", "sweep"]
+Regime = Literal["dedicated", "shared", "overloaded", "sweep", "search"]
 REGIMES: tuple[Regime, ...] = ("dedicated", "shared", "overloaded")
 # Not a regime around a block: closed-loop fleets of N agents of one arm (bench/run/sweep.py).
 SWEEP: Regime = "sweep"
+# The sweep's cells chosen one at a time: per arm, the largest fleet whose SLO holds
+# (bench/run/search.py).
+SEARCH: Regime = "search"
 # The study's block counts (Appendix E.2) on GPU profiles; on the CPU default one overloaded
 # block must finish in a few minutes on 2 cores.
 DEFAULT_BLOCKS = {

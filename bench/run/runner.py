@@ -26,7 +26,13 @@ from compaction_bench.bench.analysis.load import block_load
 from compaction_bench.bench.analysis.paired import helper_waits
 from compaction_bench.bench.run.arm import Arm
 from compaction_bench.bench.run.block import BlockSettings, run_block
-from compaction_bench.bench.run.config import SWEEP, BenchConfig, default_blocks, regime_users
+from compaction_bench.bench.run.config import (
+    SEARCH,
+    SWEEP,
+    BenchConfig,
+    default_blocks,
+    regime_users,
+)
 from compaction_bench.bench.run.progress import Progress
 from compaction_bench.bench.run.resume import block_passes, failed_arms
 from compaction_bench.bench.run.session import Report, RunOutcome, Session, run_session
@@ -48,6 +54,10 @@ def run_bench(config: BenchConfig, *, stream: TextIO = sys.stderr,
         from compaction_bench.bench.run.sweep import Sweep
 
         return run_session(config, Sweep(), stream=stream)  # its document is `make plan`
+    if config.regime == SEARCH:  # capacity in one run: bench/run/search.py
+        from compaction_bench.bench.run.search import Search
+
+        return run_session(config, Search(), stream=stream)
     return run_session(config, Blocks(), stream=stream, report=report)
 
 

@@ -140,6 +140,9 @@ class MetricSample:
     prefix_cache_hits: float | None = None
     prefix_cache_queries: float | None = None
     num_preemptions: float | None = None
+    # vllm:request_success_total: requests the server finished (a dedicated block's load
+    # verdict compares its rise with the run's own requests)
+    requests_finished: float | None = None
 
 
 @dataclass(frozen=True)

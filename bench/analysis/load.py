@@ -18,8 +18,19 @@ Each block gets a verdict (issue 22): `failed` (the reasons above), `verified` (
 load was seen while the arms ran: overloaded, requests waiting in at least `MIN_QUEUED_SHARE` of
 the samples; shared, /metrics samples with none waiting, so the server stayed below capacity),
 or `unverified`, with why: no /metrics sample while the arms ran (another server, a
-key-protected /metrics, failed scrapes), a shared block that queued at times, or a dedicated
-block, whose "no other traffic" nothing here checks. Lack of data is never `verified`.
+key-protected /metrics, failed scrapes), or a shared block that queued at times. Lack of data is
+never `verified`.
+
+A dedicated block means no other traffic: while its arms ran, the server finished no request
+but the run's own. The rise of `vllm:request_success_total` (`requests_finished` in
+`metrics.jsonl`) from the first to the last sample taken while the arms ran is compared with the
+run's own requests (every record in `requests.jsonl`: arms, compressors, probes) that ended in
+that interval widened by `OWN_SLACK_S` on each side (the server counts a request just before
+its client sees the end, and a scrape is stamped when it returned). Any surplus fails the block
+(it is kept on record and out of the primary analysis); fewer than two counter samples, or a
+counter that went down (a restarted server), leave it unverified. The widening only ever counts
+more requests as the run's own, so it can hide a foreign request that ended within
+`OWN_SLACK_S` of the interval's edges, never invent one.
 """
 
 from __future__ import annotations
@@ -40,6 +51,9 @@ MAX_BACKGROUND_ERROR_SHARE = 0.10
 # server stayed full while they ran (a stated policy, not a measured figure: half the time)
 MIN_QUEUED_SHARE = 0.5
 BACKGROUND = "background"
+# dedicated: how far outside the counter's interval a request of the run's own may end and still
+# count as the run's (a stated tolerance: the 1-s scrape interval and then some)
+OWN_SLACK_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -61,6 +75,11 @@ class BlockLoad:
     load_stopped_at_s: float | None
     reasons: tuple[str, ...]
     unverified: tuple[str, ...] = ()  # why the regime's load could not be confirmed
+    # dedicated: requests the server finished while the arms ran (the rise of
+    # vllm:request_success_total), the run's own among them, and the difference
+    server_finished: float | None = None
+    own_finished: int | None = None
+    foreign_requests: int | None = None
 
     @property
     def valid(self) -> bool:
@@ -78,6 +97,48 @@ class BlockLoad:
 def _overlap(request: RequestRecord, start: float, end: float) -> float:
     stop = request.end_s if request.end_s is not None else end
     return max(0.0, min(stop, end) - max(request.sent_s, start))
+
+
+@dataclass(frozen=True)
+class _Traffic:
+    """A dedicated block's check that the server served only the run's own requests."""
+
+    server_finished: float | None = None
+    own_finished: int | None = None
+    foreign: int | None = None
+    failed: str | None = None
+    unverified: str | None = None
+
+
+def _dedicated_traffic(requests: list[RequestRecord], metrics: list[MetricSample],
+                       start: float, end: float) -> _Traffic:
+    """Whether the server finished requests that are not the run's own between `start` (the
+    arms' release) and `end` (module docstring)."""
+    counted = sorted((m for m in metrics if start <= m.t_s <= end
+                      and m.requests_finished is not None), key=lambda m: m.t_s)
+    if len(counted) < 2:
+        return _Traffic(unverified=(
+            f"{len(counted)} vllm:request_success_total sample(s) while the arms ran (another "
+            "server, a key-protected /metrics or failed scrapes): 'no other traffic' is not "
+            "checked"))
+    values = [float(m.requests_finished or 0.0) for m in counted]
+    drop = next((i for i in range(1, len(values)) if values[i] < values[i - 1]), None)
+    if drop is not None:
+        return _Traffic(unverified=(
+            f"vllm:request_success_total went down at t={counted[drop].t_s:.1f} s (a restarted "
+            "server?): 'no other traffic' is not checked"))
+    first, last = counted[0].t_s, counted[-1].t_s
+    finished = values[-1] - values[0]
+    own = sum(r.end_s is not None and first - OWN_SLACK_S < r.end_s <= last + OWN_SLACK_S
+              for r in requests)
+    foreign = max(0, round(finished) - own)
+    failed = None
+    if foreign:
+        failed = (f"{foreign} requests not ours: the server finished {finished:.0f} requests "
+                  f"between t={first:.1f} s and t={last:.1f} s (vllm:request_success_total) "
+                  f"and the run's own records end {own} there: a dedicated block had other "
+                  "traffic; run it on a server nothing else uses")
+    return _Traffic(server_finished=finished, own_finished=own, foreign=foreign, failed=failed)
 
 
 def block_load(regime: str, users: int, start: float, end: float,
@@ -113,8 +174,12 @@ def block_load(regime: str, users: int, start: float, end: float,
               if m.t_s >= (start if arms_from is None else arms_from)]
     queued = sum(w > 0 for w in during) / len(during) if during else None
     unverified: list[str] = []
+    traffic = _Traffic()
     if regime == "dedicated":
-        unverified.append("a dedicated block's 'no other traffic' is not checked")
+        traffic = _dedicated_traffic(requests, metrics,
+                                     start if arms_from is None else arms_from, end)
+        reasons += [traffic.failed] if traffic.failed else []
+        unverified += [traffic.unverified] if traffic.unverified else []
     elif queued is None:
         unverified.append("no vllm:num_requests_waiting sample while the arms ran (another "
                           "server, a key-protected /metrics or failed scrapes)")
@@ -133,7 +198,9 @@ def block_load(regime: str, users: int, start: float, end: float,
         metrics_samples=len(inside),
         waiting_share=(sum(w > 0 for w in waiting) / len(waiting)) if waiting else None,
         max_waiting=max(waiting) if waiting else None, load_samples=len(samples),
-        load_stopped_at_s=stopped, reasons=tuple(reasons), unverified=tuple(unverified))
+        load_stopped_at_s=stopped, reasons=tuple(reasons), unverified=tuple(unverified),
+        server_finished=traffic.server_finished, own_finished=traffic.own_finished,
+        foreign_requests=traffic.foreign)
 
 
 def regime_users(records: RunRecords) -> int:

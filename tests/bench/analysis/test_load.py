@@ -42,7 +42,8 @@ def test_every_reason_a_block_is_invalid() -> None:
     assert silent.reasons == ("no background load was recorded during the block",)
     dedicated = block_load("dedicated", 0, 0.0, 10.0, [], [], [])
     assert dedicated.valid and dedicated.achieved_concurrency == 0.0
-    assert dedicated.verdict == "unverified"  # nothing checks "no other traffic"
+    assert dedicated.verdict == "unverified"  # no counter sample: nothing checked
+    assert "'no other traffic' is not checked" in dedicated.unverified[0]
 
 
 def test_no_queue_sample_is_unverified_never_verified() -> None:
@@ -77,3 +78,56 @@ def test_a_shared_block_is_verified_below_capacity_only() -> None:
     assert block_load("shared", 2, 0.0, 10.0, requests, calm, running).verdict == "verified"
     queued = block_load("shared", 2, 0.0, 10.0, requests, busy, running)
     assert queued.verdict == "unverified" and "at capacity at times" in queued.unverified[0]
+
+
+def arm(i: int, sent: float, end: float, source: str = "clean") -> RequestRecord:
+    return RequestRecord(request_id=f"{source}-{i}", sent_s=sent, end_s=end, status="ok",
+                         source=source, regime="dedicated", block=1)
+
+
+def finished(*points: tuple[float, float]) -> list[MetricSample]:
+    return [MetricSample(t_s=t, num_requests_waiting=0.0, requests_finished=n)
+            for t, n in points]
+
+
+def test_a_dedicated_block_that_served_only_its_own_requests_is_verified() -> None:
+    """Issue 22: a dedicated block was always unverified ('no other traffic' unchecked). The
+    server's finished-request counter rose by 4 while the arms ran; the run's own records end
+    4 requests there (one a compressor call, one ending a moment after the last scrape: the
+    server counts it before its client sees the end)."""
+    own = [arm(0, 3.0, 4.0), arm(1, 4.0, 6.0, "self"), arm(2, 4.5, 7.0, "self/compressor"),
+           arm(3, 7.0, 9.4)]
+    setup = [arm(9, 0.5, 1.0)]  # before the arms' release: the counter's rise excludes it
+    metrics = finished((1.5, 10.0), (3.2, 10.0), (5.0, 11.0), (9.3, 14.0))
+    load = block_load("dedicated", 0, 0.0, 10.0, setup + own, metrics, [], arms_from=3.0)
+    assert load.verdict == "verified", (load.reasons, load.unverified)
+    assert (load.server_finished, load.own_finished, load.foreign_requests) == (4.0, 4, 0)
+    assert load.to_json()["foreign_requests"] == 0
+
+
+def test_a_dedicated_block_with_other_traffic_fails() -> None:
+    """Issue 22: requests another client sent during a dedicated block went unnoticed."""
+    own = [arm(0, 3.0, 4.0), arm(1, 4.0, 8.0)]
+    metrics = finished((3.2, 10.0), (6.0, 12.0), (9.0, 15.0))  # +5, of which 2 the run's
+    load = block_load("dedicated", 0, 0.0, 10.0, own, metrics, [], arms_from=3.0)
+    assert load.verdict == "failed" and not load.valid
+    (reason,) = load.reasons
+    assert reason.startswith("3 requests not ours: the server finished 5 requests between "
+                             "t=3.2 s and t=9.0 s")
+    assert load.foreign_requests == 3 and load.own_finished == 2
+
+
+def test_a_dedicated_block_without_a_usable_counter_is_unverified_never_verified() -> None:
+    own = [arm(0, 3.0, 4.0)]
+    one = block_load("dedicated", 0, 0.0, 10.0, own, finished((5.0, 3.0)), [], arms_from=3.0)
+    assert one.verdict == "unverified" and one.unverified[0].startswith(
+        "1 vllm:request_success_total sample(s) while the arms ran")
+    restarted = block_load("dedicated", 0, 0.0, 10.0, own,
+                           finished((3.5, 40.0), (5.0, 0.0), (7.0, 1.0)), [], arms_from=3.0)
+    assert restarted.verdict == "unverified" and "went down at t=5.0 s" in (
+        restarted.unverified[0])
+    assert restarted.foreign_requests is None
+    # samples without the counter (an older metrics.jsonl, another server) count as none
+    older = [MetricSample(t_s=t, num_requests_waiting=0.0) for t in (4.0, 6.0)]
+    assert block_load("dedicated", 0, 0.0, 10.0, own, older, [],
+                      arms_from=3.0).verdict == "unverified"

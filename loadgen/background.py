@@ -94,6 +94,15 @@ class BackgroundConfig(BaseModel):
     # as long as the run; a number: it also stops itself after that many seconds.
     duration_s: float | None = Field(default=None, gt=0)
     workers: int = Field(default=0, ge=0)  # 0: one local locust process; N: master+N workers
+    # Workers started elsewhere (`compaction-bench load worker --master HOST:PORT`), waited for
+    # beside the N local ones; with any, the master listens on master_host:master_port.
+    remote_workers: int = Field(default=0, ge=0)
+    master_host: str = "127.0.0.1"  # the master's bind address ("0.0.0.0": other hosts too)
+    master_port: int = Field(default=0, ge=0, le=65535)  # 0: a free port (see master.json)
+    workers_wait_s: float = Field(default=60.0, gt=0)  # for every worker to connect
+    # The run's cache salt; user i sends `<salt>-bg<i>` (`user_salt`), so each background user
+    # has a prefix cache of its own, as a real agent does. None: `bg-<seed>-<origin>`.
+    cache_salt: str | None = None
     max_model_len: int = Field(default=8192, gt=0)  # prompts are capped to fit (replay.py)
     histories: list[Path] = Field(default_factory=_default_histories)
     state_dir: Path | None = None
@@ -108,6 +117,18 @@ class BackgroundConfig(BaseModel):
     def api_url(self) -> str:
         """The OpenAI base URL (`.../v1`)."""
         return api_url(self.server_url)
+
+    @property
+    def processes(self) -> int:
+        """The locust processes that run users: the workers, or the one local process."""
+        return self.workers + self.remote_workers or 1
+
+    def user_salt(self, slot: int) -> str:
+        """User `slot`'s cache_salt: the same for all its requests (its own prefix hits), and
+        different from every other user's (64 users cost the server what 64 agents do)."""
+        run = self.cache_salt or self.replay.extra_body.get("cache_salt") or (
+            f"bg-{self.seed}-{self.origin:.6f}")
+        return f"{run}-bg{slot}"
 
     def resolved(self) -> BackgroundConfig:
         """Absolute paths and the defaults filled in (what the locust processes receive)."""
@@ -195,6 +216,8 @@ class BackgroundLoad:
         self.stop_grace_s = stop_grace_s
         self.process: subprocess.Popen[bytes] | None = None
         self.log_path = self.state_dir / "locust.log"
+        self.workers_dir = self.state_dir / "workers"  # local workers' raw records
+        self.merged = False
 
     def start(self) -> BackgroundLoad:
         if self.process is not None:
@@ -202,6 +225,11 @@ class BackgroundLoad:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         for old in self.state_dir.glob("status-*.json"):
             old.unlink()
+        if self.config.workers and self.workers_dir.is_dir() and any(
+                self.workers_dir.iterdir()):
+            raise BackgroundLoadError(
+                f"{self.workers_dir} holds worker records of an earlier load: merge them "
+                "(compaction-bench load merge) or move the folder away")
         config_path = self.state_dir / "config.json"
         self.config.save(config_path)
         self.set_block(None)
@@ -289,6 +317,14 @@ class BackgroundLoad:
         # the whole group, even after the master ended: workers may linger after it
         code = stop_tree(process, grace_s=self.stop_grace_s)
         atexit.unregister(self.stop)
+        if self.config.workers and not self.merged:
+            self.merged = True  # once: stop() is idempotent
+            # Local workers' raw records join the run's file; remote workers' folders are
+            # merged with `compaction-bench load merge` once copied here (docs/load.md).
+            from compaction_bench.loadgen.merge import merge_workers
+
+            merge_workers([self.workers_dir], self.config.out,
+                          expected_workers=self.config.workers)
         return code
 
     def _tail(self, lines: int = 20) -> str:

@@ -1,17 +1,22 @@
 """Entry point of the locust processes (started by `loadgen/background.py`, never imported by
 it).
 
-    python -m compaction_bench.loadgen.locust_main --config STATE/config.json            # local,
-    or master
-    python -m compaction_bench.loadgen.locust_main --config STATE/config.json --worker
-    --master-port P
+    python -m compaction_bench.loadgen.locust_main --config STATE/config.json    # local/master
+    python -m compaction_bench.loadgen.locust_main --worker --master HOST:PORT --out DIR
+    (the second is also `compaction-bench load worker`, on any host that reaches the master)
 
 locust is imported first, so gevent's monkey-patching happens before ssl or anything else is
-loaded. The process drives locust as a library (`Environment`, local / master / worker runner):
-with `locust_workers = N` it is the master and starts N worker processes itself (same process
-group). It stops on SIGTERM/SIGINT, when its parent dies, or after `duration_s` where one is set,
-and
-writes `status-<pid>.json` (counters) to the state folder twice a second.
+loaded. The process drives locust as a library (`Environment`, local / master / worker runner).
+With `workers = N` (and/or `remote_workers = M`) it is the master: it starts the N local
+workers itself (same process group), waits for all N + M, sends each the setup message (the
+config, the histories' text, the schedule's start: a worker needs nothing but the master's
+address), answers each worker's anchor reply (`loadgen/merge.py`), relays block changes, and
+sums the workers' counters. Users run only on workers, each writing its own raw records into
+its `--out` folder (the local ones: `<state>/workers/`).
+
+It stops on SIGTERM/SIGINT, when its parent dies, or after `duration_s` where one is set, and
+the local process or master writes `status-<pid>.json` (counters) to the state folder twice a
+second.
 """
 
 from __future__ import annotations
@@ -22,9 +27,11 @@ import gevent
 
 # isort: on
 import argparse
+import dataclasses
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -33,88 +40,228 @@ from typing import Any
 
 from locust.env import Environment
 from locust.runners import Runner
-from locust.stats import print_stats
 
 from compaction_bench.common.files import write_json_atomic
 from compaction_bench.common.net import free_port
 from compaction_bench.loadgen.background import BackgroundConfig
-from compaction_bench.loadgen.locust_user import BackgroundAgent
+from compaction_bench.loadgen.locust_user import BackgroundAgent, _current_block
+from compaction_bench.loadgen.merge import WorkerFiles, worker_files, write_sidecar
 
-WORKER_CONNECT_TIMEOUT_S = 60.0
 log = logging.getLogger("compaction_bench.loadgen.locust_main")
+BLOCK_POLL_S = 0.02  # how often the master looks for a block change to relay to workers
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="One locust process of the background load.")
-    parser.add_argument("--config", required=True, help="BackgroundConfig JSON file")
-    parser.add_argument("--worker", action="store_true")
-    parser.add_argument("--master-port", type=int, default=0)
+    parser.add_argument("--config", help="BackgroundConfig JSON file (local process or master)")
+    parser.add_argument("--worker", action="store_true", help="a worker of --master")
+    parser.add_argument("--master", help="HOST:PORT of the master (workers)")
+    parser.add_argument("--out", help="folder for this worker's raw records (workers)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(process)d %(message)s")
-    config = BackgroundConfig.load(args.config)
-    BackgroundAgent.setup(config, config.workers or 1)
-    env = Environment(user_classes=[BackgroundAgent], events=events)
-    workers: list[subprocess.Popen[bytes]] = []
-    # Locust spawns every user at once; each user waits for its own planned start.
-    locust_rate = float(max(100, config.users * 10))
-    runner: Runner
     if args.worker:
-        runner = env.create_worker_runner("127.0.0.1", args.master_port)
-        runner.register_message("schedule", _take_schedule)
-    elif config.workers:
-        port = free_port()
-        runner = env.create_master_runner("127.0.0.1", port)
-        workers = [subprocess.Popen([sys.executable, "-m", "compaction_bench.loadgen.locust_main",
-                                     "--config",
-                                     args.config, "--worker", "--master-port", str(port)])
-                   for _ in range(config.workers)]
-        _wait_workers(runner, config.workers)
-        runner.send_message("schedule", {"t0": time.monotonic()})
-        runner.start(config.users, spawn_rate=locust_rate)
-    else:
-        runner = env.create_local_runner()
-        BackgroundAgent.t0 = time.monotonic()
-        runner.start(config.users, spawn_rate=locust_rate)
-    role = "worker" if args.worker else "master" if workers else "local"
-    log.info("background load: %s, %d users, %s, regime %s", role, config.users,
-             config.api_url, config.regime)
-    assert config.state_dir is not None, "the runner passes a resolved config"
-    status_path = config.state_dir / f"status-{os.getpid()}.json"
-    gevent.spawn(_watch, runner, status_path, role, os.getppid())
-    if not args.worker and config.duration_s is not None:
-        gevent.spawn_later(config.duration_s, runner.quit)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        gevent.signal_handler(sig, runner.quit)
-    assert runner.greenlet is not None
-    runner.greenlet.join()
-    _write_status(status_path, role, stopped=True)
+        if not args.master or not args.out:
+            parser.error("a worker needs --master HOST:PORT and --out DIR")
+        host, _, port = args.master.rpartition(":")
+        if not host or not port.isdigit():
+            parser.error(f"--master {args.master!r}: give HOST:PORT, e.g. 10.0.0.5:5557")
+        return _worker(host, int(port), Path(args.out))
+    if not args.config:
+        parser.error("--config is required (or --worker)")
+    config = BackgroundConfig.load(args.config)
+    if config.workers or config.remote_workers:
+        return _master(config, args.config)
+    return _local(config)
+
+
+def _environment() -> Environment:
+    return Environment(user_classes=[BackgroundAgent], events=events)
+
+
+def _locust_rate(config: BackgroundConfig) -> float:
+    # Locust spawns every user at once; each user waits for its own planned start.
+    return float(max(100, config.users * 10))
+
+
+def _local(config: BackgroundConfig) -> int:
+    BackgroundAgent.setup(config)
+    env = _environment()
+    runner = env.create_local_runner()
+    BackgroundAgent.t0 = time.monotonic()
+    runner.start(config.users, spawn_rate=_locust_rate(config))
+    log.info("background load: local, %d users, %s, regime %s", config.users, config.api_url,
+             config.regime)
+    status = _status_path(config)
+    return _serve(runner, config.duration_s, lambda stopped: _write_status(
+        status, "local", stopped, [BackgroundAgent.counters.as_dict()]))
+
+
+def _master(config: BackgroundConfig, config_path: str) -> int:
+    env = _environment()
+    port = config.master_port or free_port(
+        "127.0.0.1" if config.master_host in ("0.0.0.0", "*") else config.master_host)
+    runner = env.create_master_runner(config.master_host, port)
+    state = config.state_dir
+    assert state is not None, "the runner passes a resolved config"
+    write_json_atomic(state / "master.json", {"host": socket.gethostname(),
+                                              "bind": config.master_host, "port": port})
+    counters: dict[str, dict[str, float]] = {}
+
+    def on_anchor(environment: Environment, msg: Any, **_: Any) -> None:
+        runner.send_message("anchor_back", {"master_back_s": time.monotonic()},
+                            client_id=msg.node_id)
+
+    def on_counters(environment: Environment, msg: Any, **_: Any) -> None:
+        counters[msg.node_id] = msg.data
+
+    runner.register_message("anchor", on_anchor)
+    runner.register_message("counters", on_counters)
+    connect = "127.0.0.1" if config.master_host in ("0.0.0.0", "*") else config.master_host
+    assert config.state_dir is not None
+    workers = [subprocess.Popen([sys.executable, "-m", "compaction_bench.loadgen.locust_main",
+                                 "--worker", "--master", f"{connect}:{port}",
+                                 "--out", str(config.state_dir / "workers")])
+               for _ in range(config.workers)]
+    total = config.workers + config.remote_workers
+    log.info("background master on %s:%d: waiting for %d local and %d remote workers", connect,
+             port, config.workers, config.remote_workers)
+    _wait_workers(runner, total, config.workers_wait_s)
+    histories = {str(p): p.read_text(encoding="utf-8") for p in config.histories}
+    sent = time.monotonic()
+    runner.send_message("setup", {"config": config.model_dump_json(), "histories": histories,
+                                  "master_sent_s": sent, "master_wall_s": time.time(),
+                                  "t0": sent})
+    runner.start(config.users, spawn_rate=_locust_rate(config))
+    log.info("background load: master, %d workers, %d users, %s, regime %s", total,
+             config.users, config.api_url, config.regime)
+    gevent.spawn(_relay_blocks, runner, config.block_file)
+    status = _status_path(config)
+    code = _serve(runner, config.duration_s, lambda stopped: _write_status(
+        status, "master", stopped, list(counters.values())))
     for worker in workers:
         try:
             worker.wait(timeout=10)
         except subprocess.TimeoutExpired:
             worker.kill()
-    if not args.worker:
-        print_stats(env.stats, current=False)
+    return code
+
+
+def _worker(host: str, port: int, out: Path) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    files = worker_files(out, f"{socket.gethostname()}-{os.getpid()}")
+    env = _environment()
+    runner = env.create_worker_runner(host, port)
+    me: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid()}
+    clock: dict[str, float] = {"offset_s": 0.0}  # master time - worker time, from the setup
+
+    def on_setup(environment: Environment, msg: Any, **_: Any) -> None:
+        arrived, wall = time.monotonic(), time.time()
+        runner.send_message("anchor", {})  # first: the round trip is the anchor's precision
+        data = msg.data
+        clock["offset_s"] = data["master_sent_s"] - arrived
+        me["anchor"] = {"worker_s": arrived, "worker_wall_s": wall,
+                        "master_sent_s": data["master_sent_s"],
+                        "master_wall_s": data["master_wall_s"]}
+        _setup_worker(files, BackgroundConfig.model_validate_json(data["config"]),
+                      data["histories"])
+        assert BackgroundAgent.config is not None
+        me.update(index=runner.worker_index, origin_s=BackgroundAgent.config.origin)
+        BackgroundAgent.t0 = arrived + (data["t0"] - data["master_sent_s"])
+
+    def on_back(environment: Environment, msg: Any, **_: Any) -> None:
+        me["anchor"]["master_back_s"] = msg.data["master_back_s"]
+        write_sidecar(files, **me, records=BackgroundAgent.written, stopped=False)
+
+    def on_block(environment: Environment, msg: Any, **_: Any) -> None:
+        BackgroundAgent.block = msg.data["block"]
+
+    runner.register_message("setup", on_setup)
+    runner.register_message("anchor_back", on_back)
+    runner.register_message("block", on_block)
+    log.info("background worker %s: master %s:%d, records in %s", files.name, host, port, out)
+
+    def report(stopped: bool) -> None:
+        data = BackgroundAgent.counters.as_dict()
+        if data["last_ok_t"]:  # on the master's clock, as its status file expects
+            data["last_ok_t"] += clock["offset_s"]
+        runner.send_message("counters", data)
+
+    code = _serve(runner, None, report)
+    gevent.sleep(0)  # users killed by the stop finish writing their last record
+    if "master_back_s" in me.get("anchor", {}):
+        write_sidecar(files, **me, records=BackgroundAgent.written, stopped=True)
+        log.info("background worker %s: %d records in %s", files.name,
+                 BackgroundAgent.written, files.raw)
+    else:
+        log.warning("background worker %s stopped before the master's setup: no records",
+                    files.name)
+    return code
+
+
+def _setup_worker(files: WorkerFiles, config: BackgroundConfig,
+                  histories: dict[str, str]) -> None:
+    """The master's config with this worker's raw file and local copies of the histories
+    (records keep the master's history names)."""
+    folder = files.raw.parent / "histories" / files.name
+    folder.mkdir(parents=True, exist_ok=True)
+    local = []
+    for number, (name, text) in enumerate(histories.items()):
+        path = folder / f"{number}-{Path(name).parent.name}-{Path(name).name}"
+        path.write_text(text, encoding="utf-8")
+        local.append(path)
+    BackgroundAgent.setup(config.model_copy(update={"histories": local, "out": files.raw}),
+                          raw=True)
+    names = {str(path): name for path, name in zip(local, histories, strict=True)}
+    BackgroundAgent.schedules = [[dataclasses.replace(turn, history=names[turn.history])
+                                  for turn in schedule] for schedule in BackgroundAgent.schedules]
+
+
+def _serve(runner: Runner, duration_s: float | None, report: Any) -> int:
+    """Run until the runner ends (signal, parent gone, duration); `report(stopped)` twice a
+    second and once at the end."""
+    if duration_s is not None:
+        gevent.spawn_later(duration_s, runner.quit)
+    gevent.spawn(_watch, runner, report, os.getppid())
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        gevent.signal_handler(sig, runner.quit)
+    assert runner.greenlet is not None
+    runner.greenlet.join()
+    try:
+        report(True)
+    except Exception as exc:  # a worker whose master is gone still writes its sidecar
+        log.warning("final status report failed: %s", exc)
     return 0
 
 
-def _take_schedule(environment: Environment, msg: Any, **_: Any) -> None:
-    BackgroundAgent.t0 = float(msg.data["t0"])
-
-
-def _wait_workers(runner: Any, count: int) -> None:
-    deadline = time.monotonic() + WORKER_CONNECT_TIMEOUT_S
+def _wait_workers(runner: Any, count: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
     while len(runner.clients.ready) < count:
         if time.monotonic() > deadline:
             raise SystemExit(f"only {len(runner.clients.ready)} of {count} locust workers "
-                             f"connected within {WORKER_CONNECT_TIMEOUT_S:.0f}s")
+                             f"connected within {timeout_s:.0f}s (start the remote ones with "
+                             "`compaction-bench load worker --master HOST:PORT --out DIR`)")
         gevent.sleep(0.05)
 
 
-def _watch(runner: Runner, path: Path, role: str, parent: int) -> None:
-    """Status file twice a second; quit when the parent process is gone."""
+def _relay_blocks(runner: Runner, path: Path | None) -> None:
+    """Send the block number to workers whenever the bench changes it (remote workers cannot
+    read the block file)."""
+    last: object = object()
     while True:
-        _write_status(path, role, stopped=False)
+        block = _current_block(path)
+        if block != last:
+            runner.send_message("block", {"block": block})
+            last = block
+        gevent.sleep(BLOCK_POLL_S)
+
+
+def _watch(runner: Runner, report: Any, parent: int) -> None:
+    """`report` twice a second; quit when the parent process is gone."""
+    while True:
+        try:
+            report(False)
+        except Exception as exc:  # a lost master connection must not end the watch
+            log.warning("status report failed: %s", exc)
         if os.getppid() != parent:
             log.warning("parent process %d is gone: stopping the background load", parent)
             runner.quit()
@@ -122,9 +269,19 @@ def _watch(runner: Runner, path: Path, role: str, parent: int) -> None:
         gevent.sleep(0.5)
 
 
-def _write_status(path: Path, role: str, *, stopped: bool) -> None:
-    data = {"pid": os.getpid(), "role": role, "stopped": stopped, "t_s": time.monotonic(),
-            **BackgroundAgent.counters.as_dict()}
+def _status_path(config: BackgroundConfig) -> Path:
+    assert config.state_dir is not None, "the runner passes a resolved config"
+    return config.state_dir / f"status-{os.getpid()}.json"
+
+
+def _write_status(path: Path, role: str, stopped: bool,
+                  parts: list[dict[str, float]]) -> None:
+    keys = ("users", "started", "failed_first", "answered", "in_flight", "sent", "done", "ok",
+            "errors", "unauthorized")
+    data: dict[str, Any] = {"pid": os.getpid(), "role": role, "stopped": stopped,
+                            "t_s": time.monotonic(), "processes": len(parts)}
+    data.update({key: sum(int(p.get(key, 0)) for p in parts) for key in keys})
+    data["last_ok_t"] = max((float(p.get("last_ok_t", 0.0)) for p in parts), default=0.0)
     write_json_atomic(path, data, indent=None, durable=False)
 
 

@@ -8,11 +8,17 @@ time: when the server is slow a request is sent late, right after the one before
 skipped. After its last turn a user starts over on the next history of its seeded order.
 
 Every request fires locust's `events.request` with our own numbers (response_time = whole
-request in ms, plus a separate "ttft" entry) and is appended to the requests JSONL as it ends.
-A request cut short by the load stopping is written too, as an error.
+request in ms, plus a separate "ttft" entry; locust's aggregated percentiles are never used)
+and is appended to the requests JSONL as it ends: the run's file, shifted to the run's start,
+in one local process; the worker's own raw file, on its own clock, on a worker
+(`loadgen/merge.py` places it on the run's timeline). A request cut short by the load stopping
+is written too, as an error.
 
-Locust gives no user a global number, so slot = local spawn count * processes + worker index,
-and `t0` comes from the process that starts the load (broadcast to workers as a message).
+Locust gives no user a global number, so slot = local spawn count * processes + worker index
+(unique while locust's rebalancing stays off, its default: a user object lives and dies in one
+worker process, so an agent is never split), and `t0` comes from the process that starts the
+load (sent to workers with the setup message). Each user sends its own cache_salt
+(`BackgroundConfig.user_salt`), recorded per request.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from compaction_bench.common.files import JsonlWriter
 from compaction_bench.loadgen.background import BackgroundConfig
 from compaction_bench.loadgen.schedule import Turn, load_schedules
 from compaction_bench.transport.client import StreamClient, prepare
+from compaction_bench.transport.request import RequestRecord
 
 
 class Counters:
@@ -62,9 +69,13 @@ class BackgroundAgent(User):
     schedules: ClassVar[list[list[Turn]]] = []
     writer: ClassVar[JsonlWriter | None] = None
     counters: ClassVar[Counters] = Counters()
-    t0: ClassVar[float | None] = None  # schedule start, on time.monotonic
+    t0: ClassVar[float | None] = None  # schedule start, on this process's time.monotonic
     processes: ClassVar[int] = 1
     api_key: ClassVar[str | None] = None
+    shift_s: ClassVar[float] = 0.0  # subtracted from record times (0: raw, on a worker)
+    written: ClassVar[int] = 0  # records written by this process
+    block: ClassVar[int | None] = None  # from the master, where the block file is not here
+    read_block_file: ClassVar[bool] = True
     _spawned: ClassVar[itertools.count[int]] = itertools.count()
 
     def __init__(self, environment: Environment) -> None:
@@ -76,12 +87,16 @@ class BackgroundAgent(User):
         self.answered = False
 
     @classmethod
-    def setup(cls, config: BackgroundConfig, processes: int) -> None:
+    def setup(cls, config: BackgroundConfig, *, raw: bool = False) -> None:
+        """Load the schedules and open `config.out`: shifted to `config.origin`, or `raw`
+        (a worker: its own clock, placed on the run's timeline by the merge)."""
         cls.config = config
         cls.schedules = load_schedules(config.histories, config.replay, model=config.model,
                                        max_model_len=config.max_model_len)
         cls.writer = JsonlWriter(config.out)
-        cls.processes = max(1, processes)
+        cls.processes = config.processes
+        cls.shift_s = 0.0 if raw else config.origin
+        cls.read_block_file = bool(config.block_file and Path(config.block_file).exists())
         # The key comes from the environment, never from the config file in the run folder.
         cls.api_key = os.environ.get(config.api_key_env) if config.api_key_env else None
 
@@ -112,13 +127,16 @@ class BackgroundAgent(User):
         config = self.config
         assert config is not None and self.writer is not None
         request_id = f"bg-{self.slot}-{number}"
+        salt = config.user_salt(self.slot)
         # one conversation of one background agent: a router keeps it on one replica
-        request = prepare(config.api_url, turn.payload, request_id=request_id,
+        request = prepare(config.api_url, {**turn.payload, "cache_salt": salt},
+                          request_id=request_id,
                           intended_send_s=due, api_key=self.api_key,
                           session_id=f"bg-{self.slot}-c{cycle}")
         identity = {"regime": config.regime, "source": "background",
-                    "block": _current_block(config.block_file), "history": turn.history,
-                    "turn": turn.turn, "cycle": cycle, "user": self.slot,
+                    "block": _current_block(config.block_file) if self.read_block_file
+                    else self.block, "history": turn.history,
+                    "turn": turn.turn, "cycle": cycle, "user": self.slot, "cache_salt": salt,
                     "max_tokens": turn.max_tokens, "max_tokens_source": turn.max_tokens_source}
         counters = self.counters
         counters.started += number == 0
@@ -130,8 +148,7 @@ class BackgroundAgent(User):
             partial = client.partial("stopped: the background load ended with this request "
                                      "in flight")
             if partial is not None:
-                self.writer.write(partial.record.labelled(**identity).shifted(
-                    config.origin).to_json())
+                self._write(partial.record.labelled(**identity))
             counters.in_flight -= 1
             raise
         record = response.record
@@ -147,7 +164,7 @@ class BackgroundAgent(User):
             counters.errors += 1
             counters.unauthorized += record.http_status in (401, 403)
             counters.failed_first += number == 0
-        self.writer.write(record.labelled(**identity).shifted(config.origin).to_json())
+        self._write(record.labelled(**identity))
         end = record.end_s if record.end_s is not None else time.monotonic()
         exception = RuntimeError(record.error) if not record.ok else None
         events = self.environment.events.request
@@ -159,6 +176,12 @@ class BackgroundAgent(User):
             events.fire(request_type="TTFT", name="chat (background)",
                         response_time=(record.first_token_s - record.sent_s) * 1000,
                         response_length=0, exception=None, context={}, url=request.url)
+
+
+    def _write(self, record: RequestRecord) -> None:
+        assert self.writer is not None
+        self.writer.write(record.shifted(self.shift_s).to_json())
+        BackgroundAgent.written += 1
 
 
 def _sleep_until(due: float) -> None:

@@ -43,7 +43,7 @@ class FakeProcess:
             [sys.executable, "-m", "compaction_bench.loadgen.fakeserver", "--host", c.host,
              "--port", str(c.port),
              "--ttft-ms", str(c.ttft_ms), "--itl-ms", str(c.itl_ms), "--tokens", str(c.tokens),
-             "--cached-tokens", str(c.cached_tokens),
+             "--cached-tokens", str(c.cached_tokens), "--max-running", str(c.max_running),
              *(["--default-content", c.default_content] if c.default_content is not None
                else [])],
             stdout=subprocess.PIPE, text=True, start_new_session=True)

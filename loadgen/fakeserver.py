@@ -66,6 +66,10 @@ class FakeConfig:
     max_model_len: int = 8192
     cached_tokens: int = 0
     default_content: str | None = None  # unscripted replies: this text instead of "tok " x N
+    # at most this many chat completions in service at once (vLLM's max_num_seqs; 0: no
+    # limit); a later one waits, first come first served, and its timing starts when admitted,
+    # so a closed-loop fleet of N agents has a known capacity (bench REGIME=search's e2e test)
+    max_running: int = 0
 
 
 @dataclass
@@ -90,6 +94,7 @@ class FakeServer:
         self.state = _State()
         self.port = config.port
         self._server: asyncio.Server | None = None
+        self._slots: asyncio.Semaphore | None = None
 
     async def start(self) -> int:
         self._server = await asyncio.start_server(self._connection, self.config.host,
@@ -167,8 +172,14 @@ class FakeServer:
                 return await _respond_json(writer, 400, {"error": {"message": "bad JSON"}})
             self.state.bodies.append({"path": path, "authorization": headers.get(
                 "authorization"), **request})
-            return await self._chat(request, received, writer,
-                                    headers.get("x-request-id", ""))
+            if self.config.max_running <= 0:
+                return await self._chat(request, received, writer,
+                                        headers.get("x-request-id", ""))
+            self._slots = self._slots or asyncio.Semaphore(self.config.max_running)
+            async with self._slots:  # queued: the reply's timing starts when admitted
+                admitted = max(received, asyncio.get_running_loop().time())
+                return await self._chat(request, admitted, writer,
+                                        headers.get("x-request-id", ""))
         return await _respond_json(writer, 404, {"error": {"message": f"no route {path}"}})
 
     def stats(self) -> dict[str, Any]:
@@ -394,10 +405,14 @@ def main(argv: list[str] | None = None) -> None:
                         help="cached tokens reported per request (capped at the prompt)")
     parser.add_argument("--default-content", default=None,
                         help="text of unscripted replies (default: 'tok ' repeated)")
+    parser.add_argument("--max-running", type=int, default=0,
+                        help="chat completions in service at once; later ones queue (0: no "
+                        "limit)")
     args = parser.parse_args(argv)
     config = FakeConfig(host=args.host, port=args.port, ttft_ms=args.ttft_ms,
                         itl_ms=args.itl_ms, tokens=args.tokens, cached_tokens=args.cached_tokens,
-                        default_content=args.default_content)
+                        default_content=args.default_content,
+                        max_running=args.max_running)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_main(config))
 

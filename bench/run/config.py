@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from compaction_bench.common.errors import SuiteError
 from compaction_bench.common.net import server_url
 from compaction_bench.common.paths import results_dir
+from compaction_bench.common.slo import parse_slo
 from compaction_bench.serve.profile import Profile
 
 Regime = Literal["dedicated", "shared", "overloaded", "sweep", "search"]
@@ -54,7 +55,7 @@ RUN_SETTINGS = ("regime", "source", "records", "side_by_side", "tool_time", "tas
                 "seed", "seeds", "cache", "protocol", "rewrite_cache", "step_limit", "prompt",
                 "blocks", "external_url", "locust_workers", "speculative", "expert_parallel",
                 "stream_deadline_s", "compressor_deadline_s", "arm_wall_s", "sweep",
-                "fast_start", "token_ids", "router_policy")
+                "fast_start", "token_ids", "router_policy", "slo", "search")
 
 
 class BenchError(SuiteError):
@@ -103,13 +104,36 @@ class SweepSettings(BaseModel):
         return tuple(sorted(found))
 
 
+class SearchSettings(BaseModel):
+    """Capacity in one run (`REGIME=search`, bench/run/search.py): per arm, levels probed up by
+    doubling, bisected, and the boundary confirmed with more continuations. A probe or bisection
+    cell runs as a sweep cell does (`sweep.min_continuations`, `sweep.warmup`,
+    `sweep.level_s`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_level: int | None = Field(
+        default=None, gt=0, description="the largest fleet tried; an arm that still meets "
+        "the SLO there is 'unbounded up to' it; default 2 x max_num_seqs")
+    confirm_continuations: int = Field(
+        default=40, gt=0, description="measured continuations of each of the two boundary "
+        "levels when they run again to confirm the boundary (a p90's 95% order-statistic "
+        "interval has an upper end from 36 on)")
+    confidence: float = Field(default=0.95, gt=0.5, lt=1, description="coverage of each "
+                              "level's order-statistic interval of the SLO quantile")
+
+    def max_for(self, max_num_seqs: int) -> int:
+        return self.max_level or 2 * max_num_seqs
+
+
 class BenchConfig(BaseModel):
     """Everything one bench run needs. Stored whole in the run's manifest."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     regime: Regime = Field(default="dedicated", description="dedicated, shared, overloaded "
-                           "(the load around each block) or sweep (the load-response sweep)")
+                           "(the load around each block), sweep (the load-response sweep) or "
+                           "search (per arm, the largest fleet meeting SLO)")
     blocks: int | None = Field(default=None, gt=0, description="how many blocks (default "
                                "dedicated/shared/overloaded: 5/5/25 on GPU profiles; on CPU "
                                "6/6/2 for replay, 2/2/1 for agents)")
@@ -220,7 +244,19 @@ class BenchConfig(BaseModel):
         "in flight, the server still answers /health, and no stream has produced a token for "
         "this long (a server that answers but no longer streams)")
     sweep: SweepSettings = Field(default_factory=SweepSettings,
-                                 description="REGIME=sweep only: levels and their length")
+                                 description="REGIME=sweep (and search): levels and their "
+                                 "length")
+    slo: str = Field(default="p90:2x", description="REGIME=search: the latency target on an "
+                     "agent's wall time (postfork plus inline rewriting), as make plan's SLO: "
+                     "p90:120s, or p90:2x (twice clean's p90 at N=1)")
+    search: SearchSettings = Field(default_factory=SearchSettings,
+                                   description="REGIME=search only: its limit and boundary")
+
+    @field_validator("slo")
+    @classmethod
+    def _slo(cls, value: str) -> str:
+        parse_slo(value)
+        return value
 
     @field_validator("base_url", "external_url")
     @classmethod
@@ -293,8 +329,9 @@ class BenchConfig(BaseModel):
 
 
 def regime_users(regime: Regime, profile: Profile) -> int:
-    """Background users for a regime, from the profile: none, below, above max_num_seqs."""
-    if regime == "dedicated":
+    """Background users for a regime, from the profile: none, below, above max_num_seqs (none
+    for the sweep and the search: their fleets are the load)."""
+    if regime in ("dedicated", SWEEP, SEARCH):
         return 0
     if regime == "shared":
         return profile.regimes.shared_users
@@ -302,6 +339,8 @@ def regime_users(regime: Regime, profile: Profile) -> int:
 
 
 def default_blocks(regime: Regime, profile: Profile, source: str | None = None) -> int:
+    if regime in (SWEEP, SEARCH):
+        raise ValueError(f"REGIME={regime} runs fleets of agents, not blocks")
     if source == "replay" and profile.engine != "cuda":
         return DEFAULT_REPLAY_BLOCKS[regime]
     return DEFAULT_BLOCKS[profile.engine][regime]

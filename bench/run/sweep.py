@@ -84,7 +84,7 @@ def finished_cells(run_dir: Path) -> tuple[set[tuple[str, int]], dict[tuple[str,
     return done, passes
 
 
-def _server_cache_config(url: str) -> dict[str, str]:
+def server_cache_config(url: str) -> dict[str, str]:
     """The engine's cache arguments from `/metrics` (`vllm:cache_config_info`: KV blocks,
     block size), for the plan's KV-cache cap; {} where the server exports none."""
     with ServerEndpoints(url, timeout_s=10.0) as server:
@@ -132,7 +132,7 @@ class Sweep:
                 "sweep": {"levels": list(self.levels), "arms": list(config.arms),
                           "step_limit": config.step_limit,
                           "settings": config.sweep.model_dump(mode="json"),
-                          "server_cache_config": _server_cache_config(session.url)}}
+                          "server_cache_config": server_cache_config(session.url)}}
 
     def run(self, session: Session) -> tuple[list[ArmRecord], str | None]:
         config, stop = session.config, session.stop

@@ -31,6 +31,12 @@ the break (predicted) or - the measured hit (measured). A break before the previ
 last unit is in *old text* (a policy rewrote history it had already sent); from there on, in
 the *previous reply* (the reply re-rendered, rewritten as the step just completed, or dropped
 after a format error; the last unit holds the generation prompt the reply was written after).
+
+A block run again (`block_pass` 2+ after RESUME) is accounted from one pass, the one the primary
+analysis counts (the last closed by a block record, `paired.block_statuses`): the original
+attempts' requests of its other passes still fill the predicted cache (the server did cache
+them, each under its own pass's salt) but get no row, add to no sum and are listed as not
+checked, so no figure mixes two passes.
 """
 
 from __future__ import annotations
@@ -150,6 +156,7 @@ class _Prompt:
     m: int
     unit: int
     hashes: tuple[str, ...]
+    counted: bool = True  # False: a pass the analysis does not count (it only fills the cache)
 
     def boundaries(self, length: int, block: int) -> list[tuple[int, str]]:
         """(position, hash) of every B-block boundary up to `length` tokens."""
@@ -162,38 +169,78 @@ class _Prompt:
         return out
 
 
+SUPERSEDED = ("a pass of a block run again that the analysis does not count (it counts the "
+              "last pass a block record closed)")
+
+
+def _pass(value: Any) -> int:
+    """A `block_pass` as recorded (None or absent: 1)."""
+    try:
+        return int(value) if value is not None else 1
+    except (TypeError, ValueError):
+        return 1
+
+
+def counted_passes(records: RunRecords) -> dict[tuple[str, int], int]:
+    """The pass of every block whose original attempts count: the last one a block record
+    closed, else the last with an arm record (the rule of `paired.block_statuses`), else the
+    last any request names."""
+    out: dict[tuple[str, int], int] = {}
+    for r in records.requests:
+        if r.block is not None:
+            key = (r.regime, r.block)
+            out[key] = max(out.get(key, 0), _pass(r.labels.get("block_pass")))
+    armed: dict[tuple[str, int], int] = {}
+    for a in records.arms:
+        armed[(a.regime, a.block)] = max(armed.get((a.regime, a.block), 0), a.block_pass or 1)
+    closed: dict[tuple[str, int], int] = {}
+    for b in records.blocks:
+        closed[(b.regime, b.block)] = max(closed.get((b.regime, b.block), 0), b.block_pass or 1)
+    return {**out, **armed, **closed}
+
+
 def _prompts(records: RunRecords, arms: Sequence[str], block: int
              ) -> tuple[list[_Prompt], list[tuple[str, str, str]], dict[str, int]]:
-    salts = {(a.regime, a.block, a.arm, a.attempt): a.cache_salt or "" for a in records.arms}
+    # each pass of a block has its own salt under CACHE=isolated: key the domain by pass too
+    salts = {(a.regime, a.block, a.arm, a.attempt, a.block_pass or 1): a.cache_salt or ""
+             for a in records.arms}
+    passes = counted_passes(records)
     found, unchecked = [], []
     totals: dict[str, int] = defaultdict(int)
     for r in records.requests:
         if r.source not in arms or r.block is None:
             continue
-        totals[f"{r.regime}\0{r.source}"] += 1
         label = r.labels.get("kv_prefix")
         attempt = str(r.labels.get("attempt", "original"))
+        pass_ = _pass(r.labels.get("block_pass"))
+        counted = attempt != "original" or pass_ == passes.get((r.regime, r.block), pass_)
+        if counted:
+            totals[f"{r.regime}\0{r.source}"] += 1
+        else:
+            unchecked.append((r.request_id, r.source, SUPERSEDED))
         if r.status != "ok" or r.cached_tokens is None or r.prompt_tokens is None:
-            unchecked.append((r.request_id, r.source, "failed or without usage"))
+            if counted:
+                unchecked.append((r.request_id, r.source, "failed or without usage"))
             continue
+        why = None
         if not isinstance(label, dict) or not isinstance(label.get("hashes"), list):
-            unchecked.append((r.request_id, r.source, "no token ids (TOKEN_IDS=0, or a server "
-                              "without return_token_ids)"))
+            why = "no token ids (TOKEN_IDS=0, or a server without return_token_ids)"
+        else:
+            unit, n = int(label.get("unit") or 0), int(label.get("prompt") or 0)
+            if unit <= 0 or block % unit:
+                why = f"hash unit {unit} does not divide the KV block size {block}"
+            elif n != r.prompt_tokens:
+                why = (f"prompt truncated or altered: {n} ids returned, usage says "
+                       f"{r.prompt_tokens}")
+        if why is not None:
+            if counted:
+                unchecked.append((r.request_id, r.source, why))
             continue
-        unit, n = int(label.get("unit") or 0), int(label.get("prompt") or 0)
-        if unit <= 0 or block % unit:
-            unchecked.append((r.request_id, r.source, f"hash unit {unit} does not divide the "
-                              f"KV block size {block}"))
-            continue
-        if n != r.prompt_tokens:
-            unchecked.append((r.request_id, r.source, f"prompt truncated or altered: {n} ids "
-                              f"returned, usage says {r.prompt_tokens}"))
-            continue
-        domain = salts.get((r.regime, r.block, r.source, attempt), "")
-        pass_ = str(r.labels.get("block_pass", 1))
+        assert isinstance(label, dict)
+        domain = salts.get((r.regime, r.block, r.source, attempt, pass_), "")
         found.append(_Prompt(r, r.source, f"{attempt}#{pass_}", domain, n,
                              int(label.get("completion") or 0), unit,
-                             tuple(str(h) for h in label["hashes"])))
+                             tuple(str(h) for h in label["hashes"]), counted))
     return found, unchecked, totals
 
 
@@ -253,7 +300,8 @@ def cache_accounting(records: RunRecords, arms: Sequence[str]) -> CacheAccountin
     predicted = _predictions(prompts, block)
     attempts: dict[tuple[str, int, str, str], list[_Prompt]] = defaultdict(list)
     for p in prompts:
-        attempts[(p.record.regime, p.record.block or 0, p.arm, p.attempt)].append(p)
+        if p.counted:  # another pass's requests filled the cache above, and count no further
+            attempts[(p.record.regime, p.record.block or 0, p.arm, p.attempt)].append(p)
     rows: list[RequestCache] = []
     for (regime, number, arm, attempt), group in attempts.items():
         group.sort(key=lambda p: p.record.sent_s)

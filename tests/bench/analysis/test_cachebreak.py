@@ -104,3 +104,67 @@ def test_a_hit_below_what_the_run_left_is_colder(tmp_path: Path) -> None:
     row = {r.request_id: r for r in result.requests}["evicted-0"]
     assert (row.predicted_low, row.measured, row.agrees, row.disagreement) == (64, 0, False,
                                                                                "colder")
+
+
+def passed(rid: str, arm: str, prompt: list[int], times: tuple[float, float, float],
+           cached: int, block_pass: int) -> RequestRecord:
+    record = request(rid, arm, prompt, C0, times, cached)
+    if block_pass > 1:  # as the bench labels it: only from the second pass on
+        record.labels["block_pass"] = block_pass
+    return record
+
+
+def write_rerun(path: Path, *, second_closed: bool = True) -> Path:
+    """Block 1 run twice under CACHE=isolated (a salt per arm and pass): in pass 1 keep
+    rewrote text it had sent (32 tokens lost), in pass 2 it did not."""
+    edited = [*P0[:40], -1, *P0[41:]]
+    requests = [
+        passed("clean-p1-0", "clean", P0, (0.0, 1.0, 2.0), 0, 1),
+        passed("clean-p1-1", "clean", [*P0, *C0, *EXTRA], (3.0, 4.0, 5.0), 64, 1),
+        passed("keep-p1-0", "keep", P0, (0.5, 1.5, 2.5), 0, 1),
+        passed("keep-p1-1", "keep", [*edited, *C0, *EXTRA], (6.0, 7.0, 8.0), 32, 1),
+        passed("clean-p2-0", "clean", P0, (100.0, 101.0, 102.0), 0, 2),  # a new salt: cold
+        passed("clean-p2-1", "clean", [*P0, *C0, *EXTRA], (103.0, 104.0, 105.0), 64, 2),
+        passed("keep-p2-0", "keep", P0, (100.5, 101.5, 102.5), 0, 2),
+        passed("keep-p2-1", "keep", [*P0, *C0, *EXTRA], (106.0, 107.0, 108.0), 64, 2),
+    ]
+    arms = [ArmRecord("dedicated", 1, arm, "original", "complete", 10.0,
+                      cache_salt=f"{arm}-p{p}", block_pass=p if p > 1 else None)
+            for p in (1, 2) for arm in ("clean", "keep")]
+    blocks = [BlockRecord("dedicated", 1, ("clean", "keep"), 0.0, 10.0)]
+    if second_closed:
+        blocks.append(BlockRecord("dedicated", 1, ("clean", "keep"), 99.0, 110.0,
+                                  block_pass=2))
+    write_json(path / "manifest.json", {"run_id": "rerun", "arms": ["clean", "keep"],
+                                        "selfcheck": {"cache_config": {"block_size": "32"}}})
+    write_records(path / "arms.jsonl", arms)
+    write_records(path / "blocks.jsonl", blocks)
+    write_records(path / "requests.jsonl", requests)
+    return path
+
+
+def test_a_block_run_again_is_accounted_from_its_last_pass_only(tmp_path: Path) -> None:
+    """Issue 22: the accounting mixed the passes of a block run again after RESUME: both
+    passes' rows, keep's loss summed over them (32 added vs clean, not pass 2's 0), and pass
+    1's salt-isolated cache predicted warm for pass 2 (a false 'colder')."""
+    result = cache_accounting(read_run(write_rerun(tmp_path / "rr")), ["clean", "keep"])
+    rows = {r.request_id: r for r in result.requests}
+    assert set(rows) == {"clean-p2-0", "clean-p2-1", "keep-p2-0", "keep-p2-1"}
+    assert (rows["clean-p2-0"].predicted_low, rows["clean-p2-0"].predicted_high) == (0, 0)
+    assert not result.disagreements
+    summary = {a.arm: a for a in result.arms}
+    assert summary["keep"].added_vs_clean == (0.0,) and summary["keep"].loss_measured == 0
+    assert (summary["keep"].n_requests, summary["keep"].n_checked) == (2, 2)
+    other = sorted(rid for rid, _, why in result.unchecked if "pass of a block run" in why)
+    assert other == ["clean-p1-0", "clean-p1-1", "keep-p1-0", "keep-p1-1"]
+
+
+def test_a_pass_no_block_record_closed_does_not_count(tmp_path: Path) -> None:
+    """A crash cut pass 2 before its block record: pass 1 counts, as in the primary
+    analysis, and pass 2's requests are listed, not mixed in."""
+    result = cache_accounting(read_run(write_rerun(tmp_path / "rr", second_closed=False)),
+                              ["clean", "keep"])
+    assert {r.request_id for r in result.requests} == {"clean-p1-0", "clean-p1-1",
+                                                       "keep-p1-0", "keep-p1-1"}
+    assert {a.arm: a for a in result.arms}["keep"].added_vs_clean == (32.0,)
+    assert len([why for _, _, why in result.unchecked if "pass of a block run again" in why]) == 4

@@ -8,6 +8,7 @@ its stage's own `cli.py` and gathered here; the `make` targets call them.
     kernels ...                                    measured device costs (kernels/cli.py)
     faults                                         injected faults (bench/faults/cli.py)
     measure client|redaction|scorer                the suite's own parts, measured
+    load run|worker|merge                          background load across hosts (loadgen/)
 
 Every command ends a known failure with one line naming the cause and the fix, and an exit code
 from `common.errors.ExitCode` (`run_cli`).
@@ -56,6 +57,7 @@ def _build() -> None:
     from compaction_bench.bench.faults import cli as faults_cli
     from compaction_bench.histories import cli as histories_cli
     from compaction_bench.kernels import cli as kernels_cli
+    from compaction_bench.loadgen import cli as load_cli
     from compaction_bench.plan import cli as plan_cli
     from compaction_bench.serve import cli as serve_cli
 
@@ -66,6 +68,7 @@ def _build() -> None:
     app.add_typer(kernels_cli.app, name="kernels")
     _adopt(faults_cli.app, {"main": "faults"})
     app.add_typer(measure, name="measure")
+    app.add_typer(load_cli.app, name="load")
 
 
 measure = typer.Typer(no_args_is_help=True, add_completion=False,

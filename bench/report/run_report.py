@@ -43,6 +43,7 @@ from compaction_bench.bench.report.document import (
 )
 from compaction_bench.bench.report.policy_report import policy_sections, policy_summary
 from compaction_bench.bench.report.replay_sections import replay_sections
+from compaction_bench.bench.report.replicas import replica_sections
 from compaction_bench.bench.report.sections import serving_sections, trust_sections
 from compaction_bench.bench.runfolder import REFERENCE_ARM, RunRecords, read_run
 from compaction_bench.common.files import write_bytes_atomic, write_json_atomic, write_text_atomic
@@ -314,6 +315,7 @@ def build_document(analysis: RunAnalysis, images: Mapping[str, bytes | None]) ->
         run, primary, *(replay_sections(replay, analysis.arms) if replay else ()),
         sensitivity, failures, rewrite, tokens, *policy_sections(analysis),
         per_block, *trust_sections(analysis), *serving_sections(analysis, images),
+        *replica_sections(analysis),
     ))
 
 

@@ -169,12 +169,15 @@ def arms_cmd(
         configs: dict[str, CompressorConfig] = {}
         if ext_url is not None:
             per_word = cap_per_word if cap_per_word or external_url else 2.0
+            # the rewrite cache's identity names the model that answers where it is known
+            # (the embedded compressor); an --external-url's URL stands for its model
             configs["external"] = external_compressor(
-                ext_url, model=external_model, prompt=prompt, max_tokens_per_raw_word=per_word)
+                ext_url, model=external_model, prompt=prompt, max_tokens_per_raw_word=per_word,
+                cache_tag="" if external_url else external.profile.model.source)
         if target_url is not None:
             configs["self"] = self_compressor(
                 target_url, model=target.profile.model.compressor_name, prompt=prompt,
-                max_tokens_per_raw_word=cap_per_word)
+                max_tokens_per_raw_word=cap_per_word, cache_tag=target.profile.model.source)
         for path in paths:
             for r in write_arm_files(path, [*compacting, *stepwise], compressors=configs,
                                      scorer=proxy, judge=judge, gate=chosen_gate, seed=seed):

@@ -60,8 +60,11 @@ def open_compressors(config: BenchConfig, profile: Profile, target_url: str, run
     if config.prompt not in REWRITE_PROMPTS:
         raise BenchError(f"unknown prompt {config.prompt!r}; use one of "
                          f"{', '.join(REWRITE_PROMPTS)}")
+    # cache_tag: which model answers, so the rewrite cache's identity does not hang on a port
+    # (EXTERNAL_URL names no model: its URL stands for it)
     found = Compressors({"self": deadline(self_compressor(
-        target_url, model=profile.model.compressor_name, prompt=config.prompt), config)}, {})
+        target_url, model=profile.model.compressor_name, prompt=config.prompt,
+        cache_tag=profile.model.source), config)}, {})
     from compaction_bench.histories.policies.registry import compressors_needed
 
     wanted = compressors_needed(config.arms) if needed is None else needed
@@ -78,14 +81,16 @@ def open_compressors(config: BenchConfig, profile: Profile, target_url: str, run
         raise BenchError("the external arm needs another model's endpoint on a GPU profile: "
                          "pass EXTERNAL_URL=<OpenAI-compatible URL> (key in "
                          "$COMPRESSOR_API_KEY), or ARMS=clean,self")
-    lazy = LazyServer(ServerConfig(profile=load_profile(EXTERNAL_COMPRESSOR_PROFILE),
+    embedded = load_profile(EXTERNAL_COMPRESSOR_PROFILE)
+    lazy = LazyServer(ServerConfig(profile=embedded,
                                    port=config.port + 1, fast_start=config.fast_start),
                       name="external-compressor",
                       events=run_dir / "helpers.jsonl", origin=origin)
     try:
         # the embedded Gemma is a base model that rambles: its first draft is capped per word
         found.configs["external"] = deadline(external_compressor(
-            lazy.config.api_url, prompt=config.prompt, max_tokens_per_raw_word=2.0), config)
+            lazy.config.api_url, prompt=config.prompt, max_tokens_per_raw_word=2.0,
+            cache_tag=embedded.model.source), config)
 
         def ensure() -> None:
             started = time.monotonic()

@@ -54,16 +54,42 @@ def compaction_dir(clean_path: str | Path) -> Path:
     return Path(clean_path).parent / "compaction"
 
 
+_COST = ("latency_s", "drafts", "prompt_tokens", "completion_tokens", "reasoning_tokens", "cost")
+
+
+def measured(result: CompactionResult, name: str) -> Any:
+    """One block's measured rewrite cost `name`: this call's, or on a cache hit the cost
+    measured when the entry was made."""
+    return (result.cached or {}).get(name) if result.cache_hit else getattr(result, name)
+
+
 def totals(results: list[CompactionResult]) -> dict[str, Any]:
-    """Per-arm sums over its blocks: counts per outcome, words, rewrite time, tokens, cost."""
+    """Per-arm sums over its blocks: counts per outcome, words, rewrite time, tokens, cost.
+
+    The rewrite cost (`latency_s`, `drafts`, tokens, `cost`: the arm's T_R, which the bench
+    charges as its fork rewrite) counts every block's measured cost, a cache hit's as measured
+    when its entry was made: an arm written from another arm's rewrites (`self-every-3` after
+    `self`) costs what rewriting its blocks cost, not 0. `from_cache` says how much of it was
+    measured earlier and `live_latency_s` what this writing itself spent."""
     out: dict[str, Any] = {"blocks": len(results)}
     out.update({o: sum(r.outcome == o for r in results) for o in OUTCOMES})
-    for name in ("words_in", "words_out", "latency_s", "drafts", "redactions"):
+    for name in ("words_in", "words_out", "redactions"):
         out[name] = sum(getattr(r, name) for r in results)
-    for name in ("prompt_tokens", "completion_tokens", "reasoning_tokens", "cost"):
-        values = [getattr(r, name) for r in results if getattr(r, name) is not None]
-        out[name] = sum(values) if values else None
-    out["cache_hits"] = sum(r.cache_hit for r in results)
+    hits = [r for r in results if r.cache_hit]
+    for name, chosen in (("all", results), ("hits", hits)):
+        sums: dict[str, Any] = {}
+        for cost in _COST:
+            values = [measured(r, cost) for r in chosen if measured(r, cost) is not None]
+            sums[cost] = sum(values) if values else (
+                None if cost not in ("latency_s", "drafts") else 0)
+        if name == "all":
+            out.update(sums)
+        else:
+            stamps = [r.cached.get("at") for r in hits if r.cached and r.cached.get("at")]
+            out["from_cache"] = {"blocks": len(hits), **sums,
+                                 "measured_at": [min(stamps), max(stamps)] if stamps else None}
+    out["live_latency_s"] = sum(r.latency_s for r in results)
+    out["cache_hits"] = len(hits)
     return out
 
 

@@ -14,7 +14,12 @@ Rules (Section 2, Appendix A.3, D.1), each pinned by a test in tests/compaction/
   draft stands and the lexical diagnostics record what it lacks);
 - each block is rewritten once: results are cached by (raw text, action name) within one
   compressor identity and prompt, in an append-only file shared by acquisition, arm writing and
-  continuation;
+  continuation. The identity is every setting that changes what a rewrite request returns
+  (`CompressorConfig.identity`), so two arms share an entry only when they make the very same
+  call (`self` and `self-every-3` on one compressor do: the cadence decides which blocks are
+  rewritten, never what a block's rewrite request holds). An entry keeps the cost measured when
+  it was made; a hit reports it as `cached` beside its own zero, so an arm written from hits
+  states the rewrite's real cost, marked as from cache (an entry without one is not reused);
 - an endpoint that is down or answers garbage (no chat completion, an echo of the prompt, a
   code fence in a text-protocol thought) yields `failed`: the block stays raw, the failure
   goes to the ledger, nothing is cached (a later run retries it).
@@ -83,13 +88,29 @@ class CompressorConfig(BaseModel):
     redact: bool = Field(default=True, description="redact secrets (required for external)")
     price_per_prompt_token: float | None = None
     price_per_completion_token: float | None = None
-    cache_tag: str = Field(default="", description="change when the model behind the name does")
+    cache_tag: str = Field(
+        default="", description="the model that answers behind the endpoint's name (a "
+        "profile's model.source); empty: the endpoint's URL stands for it in the cache identity")
 
     @property
     def identity(self) -> str:
-        """What the cache keys a result by, besides raw text, action and prompt."""
+        """What the cache keys a result by, besides raw text, action and prompt: the name, the
+        served name, and a hash of every setting that changes what a rewrite request returns
+        (which model answers: `cache_tag`, else the URL; sampling; draft caps and count;
+        redaction; the payload layout). Not the deadline, the key's variable or the prices: they
+        change whether and what a rewrite costs, not its record. Not the per-draft seed either:
+        a block is rewritten once (the study's rule) and a continuation's seed changes per
+        attempt; a temperature-0 first draft does not depend on it."""
+        endpoint = self.endpoint
+        shaping = {"served_by": self.cache_tag or endpoint.api_url, "model": endpoint.model,
+                   "temperature": endpoint.temperature, "extra_body": endpoint.extra_body,
+                   "max_tokens": self.max_tokens, "max_tokens_limit": self.max_tokens_limit,
+                   "max_tokens_per_raw_word": self.max_tokens_per_raw_word,
+                   "max_drafts": self.max_drafts, "retry_temperature": self.retry_temperature,
+                   "redact": self.redact, "payload_version": PAYLOAD_VERSION}
         tag = f"#{self.cache_tag}" if self.cache_tag else ""
-        return f"{self.name}:{self.endpoint.model}{tag}"
+        return (f"{self.name}:{endpoint.model}{tag}"
+                f"@{sha256_text(canonical_json(shaping))[:16]}")
 
 
 def self_compressor(url: str, *, model: str = "compressor", **kwargs: Any) -> CompressorConfig:
@@ -131,6 +152,9 @@ class CompactionResult:
     reasoning_tokens: int | None
     cost: float | None
     error: str | None
+    # a cache hit: the cost measured when the entry was made (latency_s, drafts, tokens, cost,
+    # at, where); this call's own fields above stay 0. None: not a hit.
+    cached: dict[str, Any] | None = None
 
     def provenance(self) -> dict[str, Any]:
         """The per-block part of an arm's provenance (no raw text: the clean arm has it)."""
@@ -144,9 +168,10 @@ def sha256_text(text: str) -> str:
 
 
 class CompactionCache:
-    """(raw text, action, compressor identity, prompt hash) -> accepted record, as an
-    append-only JSONL file. Lines already written are never rewritten; a torn last line from a
-    crash is ignored. Only settled outcomes are cached, never failures."""
+    """(raw text, action, compressor identity, prompt hash) -> accepted record and the cost
+    measured when it was made (`measured`), as an append-only JSONL file. Lines already written
+    are never rewritten (a later line for the same key wins); a torn last line from a crash is
+    ignored. Only settled outcomes are cached, never failures."""
 
     def __init__(self, path: str | Path | None = None) -> None:
         self.path = Path(path) if path is not None else None
@@ -252,19 +277,29 @@ class Compactor:
         key = CompactionCache.key(raw, action, self.config.identity, self.prompt.sha256,
                                   fence_free)
         hit = self.cache.get(key)
-        if hit is not None:
+        # An entry without its measured cost is rewritten again rather than reused: a hit
+        # without one would put a rewrite cost of 0 into the arm's T_R as if measured.
+        if hit is not None and isinstance(hit.get("measured"), dict):
             return self._settle(raw, action, hit["record"], hit["outcome"], cache_hit=True,
                                 drafts=0, context=context,
                                 missing=list(hit.get("missing_required", [])),
-                                redactions=int(hit.get("redactions", 0)))
+                                redactions=int(hit.get("redactions", 0)),
+                                cached=hit["measured"])
         result = self._rewrite(raw, action, fence_free=fence_free, context=context)
         if result.outcome != "failed":
+            where = {k: v for k, v in (context or {}).items() if k in ("task", "arm", "phase")}
             self.cache.put(key, {"record": result.record, "outcome": result.outcome,
                                  "block_sha256": result.block_sha256, "action": action,
                                  "compressor": self.config.identity,
                                  "prompt_sha256": self.prompt.sha256,
                                  "missing_required": result.missing_required,
-                                 "redactions": result.redactions, "at": time.time()})
+                                 "redactions": result.redactions, "at": time.time(),
+                                 "measured": {
+                                     "latency_s": result.latency_s, "drafts": result.drafts,
+                                     "prompt_tokens": result.prompt_tokens,
+                                     "completion_tokens": result.completion_tokens,
+                                     "reasoning_tokens": result.reasoning_tokens,
+                                     "at": time.time(), "where": where}})
         return result
 
     def _rewrite(self, raw: str, action: str, *, fence_free: bool,
@@ -344,6 +379,12 @@ class Compactor:
             return endpoint
         return endpoint.model_copy(update={"temperature": self.config.retry_temperature})
 
+    def _price(self, prompt_tokens: int | None, completion_tokens: int | None) -> float | None:
+        pp, cp = self.config.price_per_prompt_token, self.config.price_per_completion_token
+        if pp is None and cp is None:
+            return None
+        return (prompt_tokens or 0) * (pp or 0.0) + (completion_tokens or 0) * (cp or 0.0)
+
     def _messages(self, user: str) -> list[dict[str, str]]:
         return [{"role": "system", "content": self.prompt.text},
                 {"role": "user", "content": user}]
@@ -352,8 +393,8 @@ class Compactor:
                 cache_hit: bool = False, drafts: int = 0,
                 completions: list[Completion] | None = None, error: str | None = None,
                 redactions: int = 0, repaired: bool = False, missing: list[str] | None = None,
-                draft_words: int | None = None,
-                context: dict[str, Any] | None = None) -> CompactionResult:
+                draft_words: int | None = None, context: dict[str, Any] | None = None,
+                cached: dict[str, Any] | None = None) -> CompactionResult:
         done = completions or []
 
         def total(name: str) -> int | None:
@@ -362,10 +403,10 @@ class Compactor:
                 v is not None for v in values) else (None if done else 0)
 
         prompt_tokens, completion_tokens = total("prompt_tokens"), total("completion_tokens")
-        cost = None
-        pp, cp = self.config.price_per_prompt_token, self.config.price_per_completion_token
-        if pp is not None or cp is not None:
-            cost = (prompt_tokens or 0) * (pp or 0.0) + (completion_tokens or 0) * (cp or 0.0)
+        cost = self._price(prompt_tokens, completion_tokens)
+        if cached is not None:  # priced now, from the tokens measured then
+            cached = {**cached, "cost": self._price(cached.get("prompt_tokens"),
+                                                    cached.get("completion_tokens"))}
         result = CompactionResult(
             raw=raw, record=record, action=action, outcome=outcome,
             block_sha256=sha256_text(raw), words_in=count_words(raw),
@@ -373,8 +414,10 @@ class Compactor:
             latency_s=sum(c.latency_s for c in done), cache_hit=cache_hit,
             redactions=redactions, repaired=repaired, missing_required=missing or [],
             prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-            reasoning_tokens=total("reasoning_tokens"), cost=cost, error=error)
+            reasoning_tokens=total("reasoning_tokens"), cost=cost, error=error, cached=cached)
         extra = dict(context or {})
+        if cached is not None:
+            extra["from_cache"] = cached
         if draft_words is not None and outcome == "reverted-not-shorter":
             extra["draft_words"] = draft_words
         self.ledger.append(LedgerEntry(

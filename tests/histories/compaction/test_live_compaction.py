@@ -87,7 +87,8 @@ def test_external_compaction_through_the_embedded_gemma_server(tmp_path: Path) -
     finally:
         server.stop()
     rows = read_ledger(tmp_path / "compaction" / "ledger.jsonl")
-    assert [r["compressor"] for r in rows] == ["external:compressor"] * 3
+    assert [r["compressor"] for r in rows] == [config.identity] * 3
+    assert config.identity.startswith("external:compressor@")
     assert rows[0]["outcome"] == "identity-short"
     assert all(r["latency_s"] > 0 and r["drafts"] >= 1 for r in rows[1:])
     # a 270M base model may answer garbage: then the arm is not written and the ledger says why

@@ -5,7 +5,9 @@ Order of events in a block:
    SIDE_BY_SIDE=0 the arms then run one after another in that order, each alone);
 2. each attempt gets its sampling seed (common or per arm), its cache salt (isolated cache) and
    a fresh policy, and the first request it will send is built and checked against clean's on
-   the wire (the reasoning-only invariant);
+   the wire (the reasoning-only invariant): clean among the block's arms, else the `reference`
+   the caller passes (a recovery run, a sweep cell: one arm alone); without either the record
+   says the invariant was not checked, never that it passed;
 3. every arm sets up (workspace copy, replay of the history's actions) in its own thread and
    waits; when all are ready they are released together, in the recorded order, and each arm's
    actual first-request time is recorded;
@@ -58,6 +60,13 @@ from compaction_bench.transport.request import PreparedRequest, RequestRecord
 TERMINAL = frozenset({"Submitted", "LimitsExceeded", "RepeatedFormatError", "TimeExceeded",
                       REPLAYED})
 SETUP_TIMEOUT_S = 900.0  # the longest the released arms wait for a sibling's setup
+NO_CLEAN = "not checked (no clean in this run)"
+
+
+def not_checked() -> WireCheck:
+    """The invariant of an attempt with no clean arm to compare with: recorded as unchecked
+    (`passed` null), so nothing reads it as held."""
+    return WireCheck("", {"passed": None, "checked": False, "not_checked": NO_CLEAN}, None)
 
 
 @dataclass(frozen=True)
@@ -119,8 +128,9 @@ def protocol_error(arm: Arm, result: Result, wire: WireCheck,
         return result.error, result.error_phase
     if wire.error is not None:
         return wire.error, "invariant"
-    if result.first_body is not None and hashlib.sha256(result.first_body).hexdigest() != (
-            wire.sha256):
+    # an unchecked invariant (`not_checked`) has no body to hold the sent one to
+    if wire.sha256 and result.first_body is not None and hashlib.sha256(
+            result.first_body).hexdigest() != wire.sha256:
         return ("InvariantError: the first request sent differs from the one checked before the "
                 "block (the invariant was checked on another body)"), "invariant"
     not_applied = getattr(policy, "not_applied", None)
@@ -222,11 +232,13 @@ def arm_session(regime: str, block: int, arm: str, attempt: str) -> str:
 
 def run_block(arms: list[Arm], *, settings: BlockSettings, regime: str, block: int,
               rng: np.random.Generator, writer: RunWriter, attempt: str = "original",
-              block_pass: int = 1, clock: Clock = monotonic) -> BlockOutcome:
-    """Run the arms side by side; return (and append) one record per arm (module docstring)."""
+              block_pass: int = 1, clock: Clock = monotonic,
+              reference: Arm | None = None) -> BlockOutcome:
+    """Run the arms side by side; return (and append) one record per arm (module docstring).
+    `reference`: clean's arm, where `arms` lacks it, to check the invariant against."""
     config = settings.config
     order = [arms[i] for i in rng.permutation(len(arms))]
-    clean = next((a for a in arms if a.name == REFERENCE), None)
+    clean = next((a for a in arms if a.name == REFERENCE), reference)
     started = clock()
     release = _Release([a.name for a in order])
     records: dict[str, ArmRecord] = {}
@@ -259,9 +271,8 @@ def run_block(arms: list[Arm], *, settings: BlockSettings, regime: str, block: i
         gate = release.gate(arm.name)
         try:
             arm_config, salt = attempt_config(arm, seed)
-            reference = clean or arm
-            clean_seed = arm_seed(config, block, reference.name, attempt)
-            clean_config = attempt_config(reference, clean_seed)[0]
+            clean_config = None if clean is None else attempt_config(
+                clean, arm_seed(config, block, clean.name, attempt))[0]
 
             def record_request(record: RequestRecord, _: PreparedRequest) -> None:
                 writer.request(record, regime=regime, block=block, source=arm.name,
@@ -270,8 +281,9 @@ def run_block(arms: list[Arm], *, settings: BlockSettings, regime: str, block: i
 
             result: ContinuationResult | ReplayResult
             if arm.replay is not None:
-                wire = check_replay_on_the_wire(arm, replay_settings(arm_config), reference,
-                                                replay_settings(clean_config), context)
+                wire = not_checked() if clean is None or clean_config is None else (
+                    check_replay_on_the_wire(arm, replay_settings(arm_config), clean,
+                                             replay_settings(clean_config), context))
                 policy = arm.new_policy(context)
                 assert record_name is not None
                 result = replay(arm.replay[record_name], replay_settings(arm_config),
@@ -280,8 +292,9 @@ def run_block(arms: list[Arm], *, settings: BlockSettings, regime: str, block: i
                                 session_id=arm_session(regime, block, arm.name, attempt))
             else:
                 assert settings.task is not None
-                wire = check_on_the_wire(arm, arm_config, reference, clean_config,
-                                         settings.task, context)
+                wire = not_checked() if clean is None or clean_config is None else (
+                    check_on_the_wire(arm, arm_config, clean, clean_config, settings.task,
+                                      context))
                 policy = arm.new_policy(context)
                 session = arm_session(regime, block, arm.name, attempt)
                 result = continue_history(

@@ -116,9 +116,11 @@ class CellOutcome:
 def run_cell(arm: Arm, level: int, *, settings: BlockSettings, sweep: SweepSettings,
              writer: RunWriter, cell_pass: int = 1,
              stopped: Callable[[], bool] = lambda: False,
-             clock: Clock = monotonic) -> CellOutcome:
-    """Run one cell: `level` agents of `arm` in a closed loop (module docstring). When
-    `stopped()` turns true no agent starts another continuation; the cell is `interrupted`."""
+             clock: Clock = monotonic, reference: Arm | None = None) -> CellOutcome:
+    """Run one cell: `level` agents of `arm` in a closed loop (module docstring); each
+    continuation's invariant is checked against `reference` (clean's arm; None: recorded as
+    not checked). When `stopped()` turns true no agent starts another continuation; the cell
+    is `interrupted`."""
     started = clock()
     fleet = Fleet(agents=level, quota=max(1, math.ceil(sweep.min_continuations / level)),
                    warmup=sweep.warmup, level_s=sweep.level_s, started_s=started, clock=clock)
@@ -137,7 +139,7 @@ def run_cell(arm: Arm, level: int, *, settings: BlockSettings, sweep: SweepSetti
                                                 "sweep_index": index, "sweep_phase": phase})
             outcome = run_block([arm], settings=settings, regime=SWEEP, block=block,
                                 rng=np.random.default_rng([seed, block]), writer=view,
-                                block_pass=cell_pass, clock=clock)
+                                block_pass=cell_pass, clock=clock, reference=reference)
             origin = writer.origin
             writer.block(BlockRecord(
                 regime=SWEEP, block=block, order=outcome.order,

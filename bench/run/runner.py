@@ -27,6 +27,7 @@ from compaction_bench.bench.analysis.paired import helper_waits
 from compaction_bench.bench.run.arm import Arm
 from compaction_bench.bench.run.block import BlockSettings, run_block
 from compaction_bench.bench.run.config import (
+    REFERENCE,
     SEARCH,
     SWEEP,
     BenchConfig,
@@ -208,11 +209,12 @@ def _one_block(arms: list[Arm], settings: BlockSettings, block: int, writer: Run
 
 def _recover(arms: list[Arm], settings: BlockSettings, run_dir: Path,
              writer: RunWriter) -> list[ArmRecord]:
-    """Re-run each failed original arm alone, later than its block: a recovery run."""
+    """Re-run each failed original arm alone, later than its block: a recovery run. Its
+    invariant is checked against clean's history, not the arm's own."""
     by_arm = {a.name: a for a in arms}
     out: list[ArmRecord] = []
     for block, arm in failed_arms(run_dir, settings.config.regime):
         out += run_block([by_arm[arm]], settings=settings, regime=settings.config.regime,
                          block=block, rng=np.random.default_rng(0), writer=writer,
-                         attempt="recovery").records
+                         attempt="recovery", reference=by_arm.get(REFERENCE)).records
     return out

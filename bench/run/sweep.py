@@ -42,7 +42,7 @@ import numpy as np
 
 from compaction_bench.bench.run.arm import Arm
 from compaction_bench.bench.run.block import BlockSettings
-from compaction_bench.bench.run.config import SWEEP, BenchConfig
+from compaction_bench.bench.run.config import REFERENCE, SWEEP, BenchConfig
 from compaction_bench.bench.run.fleet import CellOutcome, run_cell
 from compaction_bench.bench.run.session import Session
 from compaction_bench.bench.run.stop import RunStop
@@ -197,7 +197,7 @@ def _cells(levels: tuple[int, ...], config: BenchConfig, arms: dict[str, Arm],
                 continue
             outcome = run_cell(arms[name], level, settings=settings, sweep=config.sweep,
                                writer=writer, cell_pass=passes.get((name, level), 1),
-                               stopped=lambda: stop.stopped)
+                               stopped=lambda: stop.stopped, reference=arms.get(REFERENCE))
             if stop.stopped:  # the cut cell gets no line: RESUME runs it again
                 return records + outcome.records, None
             writer.sync()

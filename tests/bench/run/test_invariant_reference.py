@@ -1,0 +1,75 @@
+"""The reasoning-only invariant of an arm run alone (a recovery run, a sweep cell) is checked
+against clean's history, or recorded as not checked; never as passed against the arm itself
+(issue 22: `reference = clean or arm` compared such an arm with its own first request). A real
+block (`run_block`, the real agent loop and workspace) against the fake server."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from compaction_bench.bench.run.arm import Arm, arm_for
+from compaction_bench.bench.run.block import NO_CLEAN, BlockSettings, run_block
+from compaction_bench.bench.run.config import BenchConfig
+from compaction_bench.bench.run.writer import RunWriter
+from compaction_bench.common.paths import histories_root
+from compaction_bench.histories.agent.chat import config_for_profile
+from compaction_bench.histories.compaction.ledger import Ledger
+from compaction_bench.histories.format.history import History, load_history
+from compaction_bench.histories.policies.base import CleanPolicy
+from compaction_bench.histories.tasks.task import load_task
+from compaction_bench.loadgen.fakeprocess import FakeConfig, FakeProcess
+from compaction_bench.serve.profile import load_profile
+
+pytestmark = pytest.mark.e2e
+
+LS = "THOUGHT: List the files.\n\n```bash\nls\n```"
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeProcess]:
+    with FakeProcess(FakeConfig(ttft_ms=1, itl_ms=0, default_content=LS)) as server:
+        yield server
+
+
+def tampered(clean: History) -> Arm:
+    """An arm whose history differs from clean's outside reasoning: the task's user message."""
+    data = copy.deepcopy(clean.to_json())
+    user = next(m for m in data["messages"] if m["role"] == "user")
+    user["content"] = user["content"] + "\nAlso rewrite the README."
+    return Arm("tampered", History.from_json(data, origin="test"), lambda _: CleanPolicy())
+
+
+def test_an_arm_alone_is_checked_against_clean_or_recorded_as_not_checked(
+        fake: FakeProcess, tmp_path: Path) -> None:
+    task = load_task("fix-median")
+    history = load_history(histories_root() / "fix-median" / "clean.json")
+    clean = arm_for("clean", history, compressors={})
+    settings = BlockSettings(
+        config=BenchConfig(regime="dedicated", task=task.id, arms=("clean",), step_limit=1),
+        run_id="inv", task=task,
+        model=config_for_profile(load_profile("cpu-tiny"), fake.api_url, seed=5),
+        protocol="lenient", block_size=16, ledger=Ledger())
+    writer = RunWriter(tmp_path, origin=0.0)
+    arm = tampered(history)
+
+    def alone(block: int, reference: Arm | None) -> dict[str, object]:
+        (record,) = run_block([arm], settings=settings, regime="dedicated", block=block,
+                              rng=np.random.default_rng(0), writer=writer, attempt="recovery",
+                              reference=reference).records
+        return {"status": record.status, "phase": record.error_phase, "error": record.error,
+                "invariant": record.invariant}
+
+    unchecked = alone(1, None)  # no clean in this run: said so, not "passed"
+    assert unchecked["invariant"] == {"passed": None, "checked": False, "not_checked": NO_CLEAN}
+    assert unchecked["phase"] != "invariant", unchecked["error"]
+    checked = alone(2, clean)  # against clean's real history: the changed user message shows
+    assert checked["status"] == "failed" and checked["phase"] == "invariant"
+    invariant = checked["invariant"]
+    assert isinstance(invariant, dict) and invariant["passed"] is False
+    assert invariant["clean_sha256"] != invariant["arm_sha256"]
+    assert str(checked["error"]).startswith("InvariantError:")

@@ -14,9 +14,20 @@ quantile meets the target. Two engine limits cap it:
 Agents per GPU is floor(min(N_slo, caps)), the binding limit named; with a fleet of A agents,
 GPUs needed = ceil(A / agents per GPU) x the profile's GPUs per replica.
 
+The SLO bounds, by default, the wall time the agent sees: postfork time plus the rewriting it
+waits through inline (`slo_time` wall; postfork: postfork time alone), so an inline rewriter's
+waits count against it (issue 22).
+
+Extrapolation has a limit: past `extrapolation` x the largest measured level, N at the SLO is
+"beyond measured range: > reach" (inf in the figures, `beyond` set), never a number, and GPUs
+needed are an upper bound. Intervals of N and agents include the curve's own error: the
+bootstrap's interval widened to the band of its leave-one-level-out residuals
+(plan.curve.model_error), which grows with the distance past the largest level.
+
 Failed continuations count as SLO misses (issue 22): a failed task gave the agent nothing, so
 it ranks above every complete one. A level whose failed share exceeds 1 - q cannot meet the
-SLO's q-quantile at all: it leaves the fit and caps N below itself (binding "failures at N=..."),
+SLO's q-quantile at all, whatever the complete ones' times: it leaves the fit and caps N, N
+meeting the SLO included, below itself (binding "failures at N=..."),
 and a level that lost every continuation is named (`lost`). Elsewhere the q-quantile over all
 continuations is the q n_all / n_ok quantile of the complete ones. Throughput counts completed
 tasks: the cycle per task is every continuation's cycle (failed ones too) over the completed
@@ -38,7 +49,13 @@ import numpy as np
 
 from compaction_bench.common.resampling import interval, smoothed
 from compaction_bench.common.resampling import quantile as hd_quantile
-from compaction_bench.plan.curve import CurveBatch, MonotoneCurve, leave_one_level_out
+from compaction_bench.plan.curve import (
+    CurveBatch,
+    MonotoneCurve,
+    largest_meeting,
+    leave_one_level_out,
+    model_error,
+)
 from compaction_bench.plan.observations import SWEEP, Continuation, Engine, Observations
 from compaction_bench.plan.settings import PlanConfig, PlanError, Slo
 
@@ -77,6 +94,11 @@ class Level:
         # kept below 1, where the Harrell-Davis weights are undefined: such a level is missed
         return min(self.n / (self.n + 1), quantile * self.n_all / max(self.n_all - count, 1))
 
+    def times(self, basis: str) -> np.ndarray:
+        """The complete continuations' times the SLO bounds: `wall` (postfork plus inline
+        rewriting) or `postfork` (plan.settings)."""
+        return self.cycle_s if basis == "wall" else self.postfork_s
+
     @property
     def cycle_per_task_s(self) -> float:
         """Every continuation's cycle over the completed ones (inf: none completed)."""
@@ -111,10 +133,15 @@ class ArmCapacity:
     lolo: list[dict[str, float | bool]] = field(default_factory=list)
     gpus_per_replica: int = 1
     excluded: list[Level] = field(default_factory=list)  # missed by failures, or lost
+    reach: float = math.inf  # the extrapolation limit: N beyond it is "> reach", never a number
+    beyond: float | None = None  # capacity lies past the reach (agents None): the reach
+    model_error: tuple[float, float] = (0.0, 0.0)  # plan.curve.model_error
+    slo_time: str = "wall"  # the time the SLO bounds (plan.settings)
 
     @property
     def unbounded(self) -> bool:
-        return self.agents is None
+        """No upper limit was measured or could be extrapolated (not: beyond the reach)."""
+        return self.agents is None and self.beyond is None
 
     @property
     def agents_per_gpu(self) -> float | None:
@@ -163,10 +190,11 @@ def _floor(value: float | None) -> float:
 def capped(n_slo: float | None, kv_cap: int | None, seq_cap: int | None,
            failure_cap: tuple[str, int] | None = None) -> tuple[float, str]:
     """Agents per replica (inf: unbounded) and the binding limit."""
-    limits: list[tuple[str, float]] = [("SLO", _floor(n_slo))]
+    # failures first: N meeting the SLO is kept below a level they missed, so a tie is theirs
+    limits: list[tuple[str, float]] = [failure_cap] if failure_cap is not None else []
+    limits += [("SLO", _floor(n_slo))]
     limits += [(name, cap) for name, cap in (("KV cache", kv_cap), ("max_num_seqs", seq_cap))
                if cap is not None]
-    limits += [failure_cap] if failure_cap is not None else []
     name, agents = min(limits, key=lambda item: item[1])
     if math.isinf(agents):
         return math.inf, UNBOUNDED
@@ -208,15 +236,15 @@ def sweep_levels(observations: Observations) -> dict[str, list[Level]]:
     return out
 
 
-def _resample(levels: list[Level], quantile: float, rng: np.random.Generator, b: int
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _resample(levels: list[Level], quantile: float, rng: np.random.Generator, b: int,
+              basis: str = "wall") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(B x levels) resampled quantiles and cycles per completed task, and per resample the cap
     that its own failures put on N (inf: none). Each resample's failure count is the binomial
     draw a resample of the level's continuations would give; the complete times are smoothed."""
     qs, cycles = np.empty((b, len(levels))), np.empty((b, len(levels)))
     caps = np.full(b, np.inf)
     for j, lv in enumerate(levels):
-        draws = smoothed(np.maximum(lv.postfork_s, 1e-9), b, rng)
+        draws = smoothed(np.maximum(lv.times(basis), 1e-9), b, rng)
         failed = rng.binomial(lv.n_all, lv.failed / lv.n_all, size=b)
         for count in np.unique(failed):
             rows = failed == count
@@ -249,9 +277,10 @@ def plan_capacity(observations: Observations, config: PlanConfig) -> dict[str, A
                         f"continuations completed to fit (more than {slo.quantile:.0%} of a "
                         "level's); see the sweep's failures in its arms.jsonl")
     rng = np.random.default_rng(config.seed)
-    resampled = {arm: _resample(levels, slo.quantile, rng, config.bootstrap)
+    resampled = {arm: _resample(levels, slo.quantile, rng, config.bootstrap, config.slo_time)
                  for arm, levels in by_arm.items()}
-    point_q = {arm: np.array([float(hd_quantile(lv.postfork_s, lv.rank(slo.quantile)))
+    point_q = {arm: np.array([float(hd_quantile(lv.times(config.slo_time),
+                                                lv.rank(slo.quantile)))
                               for lv in levels]) for arm, levels in by_arm.items()}
     slo_point, slo_reps = _targets(slo, by_arm, point_q, resampled, config.bootstrap)
     out = {}
@@ -273,6 +302,15 @@ def _targets(slo: Slo, by_arm: dict[str, list[Level]], point_q: dict[str, np.nda
             slo.value * resampled[reference][0][:, 0])
 
 
+def _within(value: float | None, failures: float, reach: float) -> float | None:
+    """N meeting the SLO kept below a level that failures missed, and past the extrapolation
+    reach made inf (the curve's own inf, never reaching the SLO, stays inf)."""
+    if value is None or math.isnan(value):
+        return None
+    value = min(value, failures)
+    return math.inf if value > reach else value
+
+
 def _arm(arm: str, levels: list[Level], excluded: list[Level], quantiles: np.ndarray,
          resampled: tuple[np.ndarray, np.ndarray, np.ndarray], slo_s: float,
          slo_reps: np.ndarray, engine: Engine, slo: Slo, config: PlanConfig) -> ArmCapacity:
@@ -281,9 +319,20 @@ def _arm(arm: str, levels: list[Level], excluded: list[Level], quantiles: np.nda
     qs, cycles, row_caps = resampled
     kv_cap, seq_cap, duty, resident = _caps(levels, engine, slo.quantile)
     failures = failure_cap(excluded, slo.quantile)
-    n_slo, n_extra = _inverse(MonotoneCurve(x, quantiles, weights), slo_s)
+    below_failures = math.inf if failures is None else float(failures[1])
+    reach = config.extrapolation * x[-1]
+    curve = MonotoneCurve(x, quantiles, weights)
+    lolo = leave_one_level_out(x, list(quantiles), weights)
+    raw, n_extra = _inverse(curve, slo_s)
+    beyond = reach if raw is not None and math.isfinite(raw) and min(
+        raw, below_failures) > reach else None
+    n_slo = _within(raw, below_failures, reach)
     agents, binding = capped(n_slo, kv_cap, seq_cap, failures)
+    if beyond is not None and binding == UNBOUNDED:
+        binding = f"beyond measured range: > {beyond:g} (extrapolation limit)"
     n_arr = CurveBatch(x, qs, weights).inverse(slo_reps)
+    n_arr = np.minimum(n_arr, np.minimum(row_caps, below_failures))
+    n_arr = np.where(n_arr > reach, np.inf, n_arr)  # NaN (none attainable) stays NaN
     agents_arr = np.array([capped(None if math.isnan(v) else float(v), kv_cap, seq_cap,
                                   failures)[0] for v in n_arr])
     agents_arr = np.minimum(agents_arr, row_caps)
@@ -291,8 +340,16 @@ def _arm(arm: str, levels: list[Level], excluded: list[Level], quantiles: np.nda
     cycle_arr = np.full(len(agents_arr), np.nan)
     cycle_arr[usable] = CurveBatch(x, cycles[usable], weights).at(agents_arr[usable]) if (
         usable.any()) else cycle_arr[usable]
-    n_ci = interval(np.where(np.isnan(n_arr), 0.0, n_arr), config.confidence)  # none: 0
+    # model error: the bootstrap interval widened to the band of the curve's own residuals
+    band = model_error(lolo, x)
+    edges = [_within(largest_meeting(curve, slo_s, band, sign, reach), below_failures, reach)
+             for sign in (1, -1)]
+    model_n = [0.0 if e is None else e for e in edges]
+    model_agents = [capped(e, kv_cap, seq_cap, failures)[0] for e in edges]
+    n_low, n_high = interval(np.where(np.isnan(n_arr), 0.0, n_arr), config.confidence)
+    n_ci = (min(n_low, model_n[0]), max(n_high, model_n[1]))  # none: 0
     low, high = interval(agents_arr, config.confidence)
+    low, high = min(low, model_agents[0]), max(high, model_agents[1])
     whole = None if math.isinf(agents) else int(agents)
     return ArmCapacity(
         arm=arm, levels=levels, quantiles=quantiles,
@@ -305,9 +362,9 @@ def _arm(arm: str, levels: list[Level], excluded: list[Level], quantiles: np.nda
                    float(math.ceil(high)) if math.isfinite(high) else math.inf),
         binding=binding,
         extrapolated=whole is not None and (whole > x[-1] or 0 < whole < x[0]),
-        replicates=agents_arr, cycle_replicates=cycle_arr,
-        lolo=leave_one_level_out(x, list(quantiles), weights),
-        gpus_per_replica=engine.gpus_per_replica, excluded=excluded)
+        replicates=agents_arr, cycle_replicates=cycle_arr, lolo=lolo,
+        gpus_per_replica=engine.gpus_per_replica, excluded=excluded, reach=reach,
+        beyond=beyond if whole is None else None, model_error=band, slo_time=config.slo_time)
 
 
 @dataclass(frozen=True)
@@ -320,6 +377,7 @@ class FleetNeed:
     gpus_ci: tuple[int | None, int | None]
     replicas: int | None
     unbounded: bool = False
+    beyond: float | None = None  # capacity past the extrapolation reach: gpus_ci[1] = at most
 
 
 def gpus_needed(capacity: ArmCapacity, fleet: int, gpus_per_replica: int,
@@ -327,6 +385,10 @@ def gpus_needed(capacity: ArmCapacity, fleet: int, gpus_per_replica: int,
     """ceil(fleet / agents per replica) replicas of the profile's GPUs, with the interval from
     the bootstrap's agents per replica: a resample with none attainable needs infinitely many,
     one with unbounded capacity one replica (what is known: at least that)."""
+    if capacity.beyond is not None:  # more than `reach` agents per replica: at most this many
+        most = max(1, math.ceil(fleet / max(1, math.floor(capacity.beyond))))
+        return FleetNeed(fleet, None, (gpus_per_replica, most * gpus_per_replica), None,
+                         beyond=capacity.beyond)
     if capacity.agents is None:
         return FleetNeed(fleet, None, (gpus_per_replica, None), None, unbounded=True)
     if capacity.agents <= 0:

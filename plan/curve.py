@@ -199,3 +199,49 @@ def leave_one_level_out(levels: Sequence[float], values: Sequence[float],
                     "ape_pct": abs(predicted - measured) / measured * 100 if measured else 0.0,
                     "extrapolated": curve.extrapolated(level)})
     return out
+
+
+def model_error(lolo: Sequence[dict[str, float | bool]], levels: Sequence[float]
+                ) -> tuple[float, float]:
+    """The curve's own error, from its leave-one-level-out residuals (a residual-based term,
+    added to the bootstrap's sampling error): (relative error between the measured levels,
+    relative error per agent beyond the largest). Inside: the median APE of the interior
+    levels. Beyond: the APE of the largest level predicted by extrapolating the others, per
+    agent of that extrapolation's distance d0 (the gap below the largest level); at a distance d
+    past the largest level the band is that error x max(d / d0, (d / d0)^2): as observed at
+    d0, growing as a secant's error grows on a curve with a steady bend. (0, 0) with fewer
+    than 3 levels (no residual exists)."""
+    inside = [float(e["ape_pct"]) / 100 for e in lolo if not e["extrapolated"]]
+    top = [e for e in lolo if float(e["level"]) == float(levels[-1])]
+    e_in = float(np.median(inside)) if inside else 0.0
+    if not top or len(levels) < 2:
+        return e_in, 0.0
+    step = float(levels[-1]) - float(levels[-2])
+    return e_in, float(top[0]["ape_pct"]) / 100 / step if step > 0 else 0.0
+
+
+def largest_meeting(curve: MonotoneCurve, target: float, error: tuple[float, float],
+                    sign: int, reach: float) -> float | None:
+    """The largest N in (0, reach] with curve(N) x (1 + sign x err(N)) <= target, where err is
+    `model_error`'s band (sign +1: the pessimistic edge, -1: the optimistic one); inf when N =
+    reach still meets it (beyond the extrapolation limit), None when no N > 0 does."""
+    e_in, per_agent = error
+    step = curve.high - float(curve.levels[-2]) if len(curve.levels) > 1 else 0.0
+    per_step = 1 / step if step > 0 else 0.0
+
+    def edge(n: float) -> float:
+        d = max(0.0, n - curve.high)
+        err = e_in + per_agent * d * max(1.0, d * per_step)
+        factor = 1 + sign * err
+        return -math.inf if factor <= 0 else curve(n) * factor
+
+    if edge(reach) <= target:
+        return math.inf
+    lo, hi = 0.0, reach
+    if edge(1e-9) > target:
+        return None
+    for _ in range(60):  # the pessimistic edge only grows with N; the optimistic one may
+        # bend, and bisection then finds one of its crossings
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if edge(mid) <= target else (lo, mid)
+    return lo

@@ -22,7 +22,7 @@ from compaction_bench.plan.planner import Plan
 from compaction_bench.plan.settings import PlanConfig
 
 PLAN_SCHEMA = "compbench.plan"
-PLAN_SCHEMA_VERSION = 2
+PLAN_SCHEMA_VERSION = 3
 FIT_METHOD = ("weighted isotonic regression of the per-level quantile, then scipy "
               "PchipInterpolator; linear beyond the measured levels")
 
@@ -53,7 +53,8 @@ def _figures(f: TaskFigures | None) -> dict[str, Any] | None:
 def _need(need: FleetNeed, gpus_per_replica: int, extrapolated: bool) -> dict[str, Any]:
     return {"agents": need.agents, "gpus": need.gpus, "gpus_ci": list(need.gpus_ci),
             "replicas": need.replicas, "gpus_per_replica": gpus_per_replica,
-            "extrapolated": extrapolated, "unbounded": need.unbounded}
+            "extrapolated": extrapolated, "unbounded": need.unbounded,
+            "beyond_measured_range": need.beyond}
 
 
 def _arm(plan: Plan, cap: ArmCapacity) -> dict[str, Any]:
@@ -64,7 +65,7 @@ def _arm(plan: Plan, cap: ArmCapacity) -> dict[str, Any]:
         f = figures.get(f"N={lv.level}")
         levels.append({"level": lv.level, "n": lv.n, "failed": lv.failed,
                        "quantile_s": num(float(cap.quantiles[j])),
-                       "quantile_ci": pair(cap.quantile_ci[j]),
+                       "quantile_ci": pair(cap.quantile_ci[j]), "quantile_of": cap.slo_time,
                        "median_s": num(float(np.median(lv.postfork_s)) if lv.n else None),
                        "mean_cycle_s": num(float(cap.mean_cycle[j])), "duty": num(lv.duty),
                        **{k: v for k, v in (_figures(f) or {}).items()
@@ -77,7 +78,10 @@ def _arm(plan: Plan, cap: ArmCapacity) -> dict[str, Any]:
             "value": cap.agents, "unbounded": cap.unbounded, "ci": pair(cap.agents_ci),
             "ci_high_infinite": math.isinf(cap.agents_ci[1]),
             "per_gpu": num(cap.agents_per_gpu), "gpus_per_replica": cap.gpus_per_replica,
-            "binding": cap.binding,
+            "binding": cap.binding, "slo_time": cap.slo_time,
+            "beyond_measured_range": cap.beyond, "extrapolation_reach": num(cap.reach),
+            "model_error": {"inside_rel": cap.model_error[0],
+                            "beyond_rel_per_agent": cap.model_error[1]},
             "extrapolated": cap.extrapolated, "n_slo": num(cap.n_slo),
             "n_slo_infinite": cap.n_slo is not None and math.isinf(cap.n_slo),
             "n_slo_ci": pair(cap.n_slo_ci), "n_slo_extrapolated": cap.n_slo_extrapolated,

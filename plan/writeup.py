@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from compaction_bench.common.markdown import table
+from compaction_bench.common.resampling import quantile as hd_quantile
 from compaction_bench.plan.breakeven import BreakEven
 from compaction_bench.plan.planner import Plan
 
@@ -55,11 +56,18 @@ def _scope(plan: Plan) -> list[str]:
         lines.append(f"From {len(obs.continuations)} continuations of {', '.join(regimes)} "
                      f"blocks (profile {engine.profile or 'unknown'}); "
                      f"{_excluded(obs.excluded)}.")
-    target = (f"Target: SLO {config.target.label}; fleet of {config.agents} agents; "
-              if plan.sweep else "")
+    target = (f"Target: SLO {config.target.label} on {TIME_BASIS[config.slo_time]}; fleet of "
+              f"{config.agents} agents; " if plan.sweep else "")
     lines.append(f"{target}{100 * config.confidence:g}% intervals from {config.bootstrap} "
                  f"bootstrap resamples (seed {config.seed}). Schema: plan/SCHEMA.md.")
     return [*lines, ""]
+
+
+TIME_BASIS = {
+    "wall": "the wall time the agent sees (postfork time plus the rewriting it waits through "
+            "inline; SLO_TIME=postfork for postfork time alone)",
+    "postfork": "postfork time alone (it leaves out the rewriting an inline rewriter waits "
+                "through; the default SLO_TIME=wall includes it)"}
 
 
 def _excluded(excluded: dict[str, int]) -> str:
@@ -78,11 +86,12 @@ def _capacity(plan: Plan, document: dict[str, Any]) -> list[str]:
     engine = plan.observations.engine
     rows = []
     for arm, cap in plan.capacity.items():
-        rows.append([arm, f"{_agents(cap.agents)}{_agents_ci(cap.agents_ci)}"
+        reach = cap.reach
+        rows.append([arm, f"{_agents(cap.agents, cap.beyond)}{_agents_ci(cap.agents_ci, 0, reach)}"
                      f"{' (extrapolated)' if cap.extrapolated else ''}",
-                     "unbounded" if cap.agents_per_gpu is None else fmt(cap.agents_per_gpu, 1),
-                     cap.binding,
-                     f"{_unbounded(cap.n_slo, 1)}{_agents_ci(cap.n_slo_ci, 1)}"
+                     _per_gpu(cap), cap.binding,
+                     f"{_unbounded(cap.n_slo, 1, cap.beyond)}"
+                     f"{_agents_ci(cap.n_slo_ci, 1, reach)}"
                      f"{' (extrapolated)' if cap.n_slo_extrapolated else ''}",
                      str(cap.kv_cap or "-"), f"{cap.seq_cap or '-'} (duty {fmt(cap.duty)})",
                      f"{sum(lv.n for lv in cap.levels)} "
@@ -93,7 +102,13 @@ def _capacity(plan: Plan, document: dict[str, Any]) -> list[str]:
     lines += ["", "A replica is the profile's GPUs serving one engine; agents per GPU = agents "
               f"per replica / {engine.gpus_per_replica}. Failed continuations count as SLO "
               "misses (plan/capacity.py). *unbounded*: the curve never reaches the SLO within "
-              "what was measured and no engine limit is known, so no upper end exists."]
+              "what was measured and no engine limit is known, so no upper end exists. "
+              "The plan extrapolates at most "
+              f"{plan.config.extrapolation:g}x the largest measured level: past that, *> N* "
+              "(beyond measured range), never a number. Intervals of N and agents include the "
+              "curve's own error: the bootstrap's interval widened to the band of its "
+              "leave-one-level-out residuals, which grows with the distance past the largest "
+              "level (plan/curve.py `model_error`).", "", _routing(plan)]
     lines += [f"- {arm}: N={lv.level} left out of the fit: "
               + ("every continuation failed" if lv.n == 0 else
                  f"{lv.failed}/{lv.n_all} failed, so its p"
@@ -108,6 +123,10 @@ def _capacity(plan: Plan, document: dict[str, Any]) -> list[str]:
     rows = []
     for arm, entry in document["arms"].items():
         need = entry["gpus_needed"] or {}
+        if need.get("beyond_measured_range"):
+            rows.append([arm, f"at most {need['gpus_ci'][1]} (capacity beyond measured range: "
+                         f"> {need['beyond_measured_range']:g} agents per replica)", "-", "yes"])
+            continue
         if need.get("unbounded"):
             rows.append([arm, f"at least {need['gpus_ci'][0]} (capacity unbounded)", "-", "-"])
             continue
@@ -131,24 +150,46 @@ def _capacity(plan: Plan, document: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
-def _unbounded(value: float | None, digits: int = 0) -> str:
-    return "unbounded" if value is not None and math.isinf(value) else fmt(value, digits)
+def _unbounded(value: float | None, digits: int = 0, reach: float | None = None) -> str:
+    if value is not None and math.isinf(value):
+        return "unbounded" if reach is None or math.isinf(reach) else f"> {reach:g}"
+    return fmt(value, digits)
 
 
-def _agents(value: int | None) -> str:
+def _agents(value: int | None, beyond: float | None = None) -> str:
+    if value is None and beyond is not None:
+        return f"**> {beyond:g}** (beyond measured range)"
     return "**unbounded**" if value is None else f"**{value}**"
 
 
-def _agents_ci(values: Sequence[float], digits: int = 0) -> str:
+def _per_gpu(cap: Any) -> str:
+    if cap.beyond is not None:
+        return f"> {cap.beyond / cap.gpus_per_replica:g}"
+    return "unbounded" if cap.agents_per_gpu is None else fmt(cap.agents_per_gpu, 1)
+
+
+def _agents_ci(values: Sequence[float], digits: int = 0, reach: float | None = None) -> str:
     low, high = values
-    return f" [{_unbounded(low, digits)}, {_unbounded(high, digits)}]"
+    return f" [{_unbounded(low, digits, reach)}, {_unbounded(high, digits, reach)}]"
+
+
+def _routing(plan: Plan) -> str:
+    """What the GPU counts assume about a router in front of several replicas."""
+    from compaction_bench.plan.check import checked_under
+
+    return checked_under(plan.observations.path)
 
 
 def _levels(plan: Plan) -> list[str]:
     if not plan.sweep:
         return []
-    q = f"p{100 * plan.config.target.quantile:g}"
-    lines = ["## Load response (measured levels)", ""]
+    quantile = plan.config.target.quantile
+    q = f"p{100 * quantile:g}"
+    basis = plan.config.slo_time
+    other = "postfork" if basis == "wall" else "wall"
+    lines = ["## Load response (measured levels)", "",
+             f"The SLO bounds {basis} time; {other} time is shown beside it (wall = postfork + "
+             "inline rewriting).", ""]
     rows = []
     for arm, cap in plan.capacity.items():
         figures = {f.condition: f for f in plan.level_figures[arm]}
@@ -159,10 +200,13 @@ def _levels(plan: Plan) -> list[str]:
             rows.append([arm, str(lv.level), str(lv.n), str(lv.failed),
                          "missed (failures)" if j is None else
                          f"{fmt(float(cap.quantiles[j]), 1)}{interval(cap.quantile_ci[j], 1)}",
+                         "-" if j is None or not lv.n else fmt(float(hd_quantile(
+                             lv.times(other), lv.rank(quantile))), 1),
                          fmt(lv.cycle_per_task_s, 1), fmt(lv.duty),
                          f"{fmt(f.tasks_per_gpu_hour, 0)}{interval(f.tasks_per_gpu_hour_ci, 0)}",
                          fmt(f.joules_per_task, 0)])
-    lines += table(["arm", "N", "n", "failed", f"{q} postfork s", "cycle s per completed task",
+    lines += table(["arm", "N", "n", "failed", f"{q} {basis} s (SLO)", f"{q} {other} s",
+                    "cycle s per completed task",
                     "duty", "tasks per GPU-hour", "J per task"], rows)
     lines += ["", "### How far the curve reaches", ""]
     for arm, cap in plan.capacity.items():

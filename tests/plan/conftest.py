@@ -38,13 +38,20 @@ class Truth:
     saving_mean: float = 4.0
     saving_sd: float = 3.0
     fork_rewrite_s: float = 6.0
+    c: float = 0.0  # a quadratic term: the curve bends up past the measured levels
+
+    def scale(self, n: float) -> float:
+        return self.a + self.b * n + self.c * n * n
 
     def quantile(self, n: float, q: float) -> float:
-        return (self.a + self.b * n) * float(np.exp(self.sigma * norm.ppf(q)))
+        return self.scale(n) * float(np.exp(self.sigma * norm.ppf(q)))
 
     def agents_at(self, slo_s: float, q: float) -> float:
         """The true real-valued N whose q-quantile equals the SLO."""
-        return (slo_s / float(np.exp(self.sigma * norm.ppf(q))) - self.a) / self.b
+        target = slo_s / float(np.exp(self.sigma * norm.ppf(q))) - self.a
+        if not self.c:
+            return target / self.b
+        return (-self.b + float(np.sqrt(self.b ** 2 + 4 * self.c * target))) / (2 * self.c)
 
     @property
     def break_even_uses(self) -> float:
@@ -56,12 +63,18 @@ def write_sweep_run(path: Path, *, seed: int, truth: Truth = Truth(),
                     max_num_seqs: int | None = 64, requests: bool = False, warmup: bool = True,
                     profile: str = "synthetic", power_w: float | None = None,
                     fail_above_s: float | None = None, gpus: int = 1,
-                    arm_names: tuple[str, ...] = ("clean", "self")) -> Path:
+                    arm_names: tuple[str, ...] = ("clean", "self"), inline_rewrite_s: float = 0.0,
+                    config: dict[str, Any] | None = None,
+                    fail_share: dict[int, float] | None = None) -> Path:
     """A sweep run folder (module docstring). With `requests`, every continuation gets three
     requests spanning 60% of it (duty 0.6) with 1000 + 500 k prompt tokens. With `power_w`,
     `gpu.jsonl` has two GPUs drawing power_w / 2 each, sampled every second, as NVML lines.
     With `fail_above_s`, a measured continuation whose time would exceed it fails there (the
-    arm wall limit: status failed, postfork_s = the limit), so the slowest fail at high N."""
+    arm wall limit: status failed, postfork_s = the limit), so the slowest fail at high N.
+    With `inline_rewrite_s`, every measured `self` continuation waits that long for its inline
+    rewriting (`rewrite_s`) besides its postfork time. `config` is the manifest's bench config
+    (replicas, router policy). `fail_share` {N: share}: that share of level N's measured
+    continuations (the first of each arm) fail, whatever their time."""
     rng = np.random.default_rng(seed)
     arms: list[ArmRecord] = []
     blocks: list[BlockRecord] = []
@@ -72,7 +85,7 @@ def write_sweep_run(path: Path, *, seed: int, truth: Truth = Truth(),
     for level in levels:
         agents = min(level, per_level)
         per_agent = -(-per_level // agents)
-        times = [(truth.a + truth.b * level) * float(np.exp(truth.sigma * rng.normal()))
+        times = [truth.scale(level) * float(np.exp(truth.sigma * rng.normal()))
                  for _ in range(agents * per_agent)]
         savings = rng.normal(truth.saving_mean, truth.saving_sd, size=len(times))
         for arm in arm_names:
@@ -85,13 +98,16 @@ def write_sweep_run(path: Path, *, seed: int, truth: Truth = Truth(),
                     postfork = base - (savings[j] if arm == "self" and phase == "measured"
                                        else 0.0)
                     block = (level * 10_000 + i) * 10_000 + k + 1
-                    failed = fail_above_s is not None and postfork > fail_above_s
+                    failed = (fail_above_s is not None and postfork > fail_above_s) or (
+                        phase == "measured" and j < (fail_share or {}).get(level, 0.0)
+                        * agents * per_agent)
                     postfork = min(postfork, fail_above_s) if failed and fail_above_s else (
                         postfork)
                     arms.append(ArmRecord(
                         regime="sweep", block=block, arm=arm, attempt="original",
                         status="failed" if failed else "complete", postfork_s=postfork,
-                        rewrite_s=0.0,
+                        rewrite_s=inline_rewrite_s if arm == "self" and phase == "measured"
+                        else 0.0,
                         started_s=t, ended_s=t + postfork, level=level, sweep_agent=i,
                         sweep_index=k, sweep_phase=phase,
                         fork_rewrite_s=truth.fork_rewrite_s if arm == "self" else None))
@@ -112,6 +128,7 @@ def write_sweep_run(path: Path, *, seed: int, truth: Truth = Truth(),
     cells.close()
     write_json(path / "manifest.json", {
         "run_id": path.name, "task": "synthetic", "arms": list(arm_names), "profile": profile,
+        "config": config or {},
         "regime": {"name": "sweep", "max_num_seqs": max_num_seqs},
         "server": {"profile": {"name": profile, "engine": "fake", "gpus": gpus,
                                "engine_args": {"max_num_seqs": max_num_seqs}}},

@@ -28,7 +28,7 @@ UV := $(VENV)/bin/uv
 run_path = $(if $(wildcard $(1)),$(1),results/$(1))
 
 .PHONY: help install serve stop profiles histories import bench bench-settings report compare \
-  report-study plan kernels kernels-gpu faults bench-client bench-redaction test test-unit \
+  report-study plan plan-check kernels kernels-gpu faults bench-client bench-redaction test test-unit \
   test-e2e test-integration lint docs clean
 
 help:
@@ -45,6 +45,7 @@ help:
 	@echo "                          prints the fork it chose and the commands to run next"
 	@echo "make report RUN=<id>  |  make compare RUNS=\"a b\"  |  make report-study (Table 12)"
 	@echo "make plan RUN=<id> [SLO=p90:2x] [AGENTS=n] [GPU_HOUR_USD=x]   GPU capacity plan"
+	@echo "make plan-check PLAN=<id> RUNS=\"<id>...\"   the plan checked through the router"
 	@echo "make kernels [BASE_URL=...]  |  make kernels-gpu   measured device costs"
 	@echo "make faults [ONLY=...] [JOBS=3]    every fault row injected, records lost per row"
 	@echo "make bench-client  |  make bench-redaction   the suite's own parts, measured"
@@ -116,6 +117,14 @@ plan: install
 	  $(if $(AGENTS),--agents $(AGENTS)) $(if $(GPU_HOUR_USD),--gpu-hour-usd $(GPU_HOUR_USD)) \
 	  $(if $(COMPRESSOR_USD_PER_MTOK),--compressor-usd-per-mtok $(COMPRESSOR_USD_PER_MTOK)) \
 	  $(if $(COSTMODEL),--costmodel $(COSTMODEL)) $(if $(PREDICT_DEVICE),--predict-device "$(PREDICT_DEVICE)") \
+	  $(if $(SEED),--seed $(SEED)) $(if $(SLO_TIME),--slo-time $(SLO_TIME)) \
+	  $(if $(EXTRAPOLATION),--extrapolation $(EXTRAPOLATION))
+
+plan-check: install
+	@test -n "$(PLAN)" -a -n "$(RUNS)" || { echo "usage: make plan-check PLAN=<one-replica sweep run> RUNS=\"<sweep run through the router>...\" [SLO=...] [SLO_TIME=wall|postfork] [AGENTS=n] [REPLICAS=n]"; exit 2; }
+	$(CB) plan-check $(call run_path,$(PLAN)) $(foreach r,$(RUNS),$(call run_path,$(r))) \
+	  $(if $(SLO),--slo $(SLO)) $(if $(SLO_TIME),--slo-time $(SLO_TIME)) \
+	  $(if $(AGENTS),--agents $(AGENTS)) $(if $(REPLICAS),--replicas $(REPLICAS)) \
 	  $(if $(SEED),--seed $(SEED))
 
 kernels: install

@@ -13,7 +13,9 @@ import typer
 from compaction_bench.common.resampling import RESAMPLES
 from compaction_bench.plan.settings import (
     DEFAULT_AGENTS,
+    DEFAULT_EXTRAPOLATION,
     DEFAULT_SLO,
+    DEFAULT_SLO_TIME,
     PlanConfig,
 )
 
@@ -42,11 +44,18 @@ def plan(
     bootstrap: Annotated[int, typer.Option(help="bootstrap resamples", min=100)
                          ] = RESAMPLES,
     seed: Annotated[int, typer.Option(help="seed of the bootstrap and simulator", min=0)] = 0,
+    slo_time: Annotated[str, typer.Option(
+        help="the time the SLO bounds: wall (postfork + inline rewriting) or postfork")
+    ] = DEFAULT_SLO_TIME,
+    extrapolation: Annotated[float, typer.Option(
+        help="extrapolate at most this multiple of the largest measured level", min=1.0)
+    ] = DEFAULT_EXTRAPOLATION,
 ) -> None:
     """Write plan.md, plan.json and plots/plan_*.png into RUN_DIR."""
     from compaction_bench.plan.planner import write_plan
 
-    config = PlanConfig(run_dir=run_dir, slo=slo, agents=agents, gpu_hour_usd=gpu_hour_usd,
+    config = PlanConfig(run_dir=run_dir, slo=slo, slo_time=slo_time,  # type: ignore[arg-type]
+                        extrapolation=extrapolation, agents=agents, gpu_hour_usd=gpu_hour_usd,
                         compressor_usd_per_mtok=compressor_usd_per_mtok, costmodel=costmodel,
                         predict_device=predict_device, bootstrap=bootstrap, seed=seed)
     files = write_plan(config)
@@ -55,3 +64,40 @@ def plan(
     if files.plots:
         typer.echo(f"plots: {', '.join(str(p) for p in files.plots)}")
 
+
+
+@app.command("plan-check")
+def plan_check(
+    plan_run: Annotated[Path, typer.Argument(help="the one-replica sweep the plan comes from")],
+    check_runs: Annotated[list[Path], typer.Argument(
+        help="sweep runs through the router at the planned fleet (one per routing policy)")],
+    slo: Annotated[str, typer.Option(help="latency target, as for `plan`")] = DEFAULT_SLO,
+    slo_time: Annotated[str, typer.Option(
+        help="the time the SLO bounds: wall (postfork + inline rewriting) or postfork")
+    ] = DEFAULT_SLO_TIME,
+    agents: Annotated[int, typer.Option(help="fleet size of the plan", min=1)
+                      ] = DEFAULT_AGENTS,
+    replicas: Annotated[int | None, typer.Option(
+        help="replicas behind the router, where the check runs' manifests do not say", min=1)
+    ] = None,
+    bootstrap: Annotated[int, typer.Option(help="bootstrap resamples", min=100)
+                         ] = RESAMPLES,
+    seed: Annotated[int, typer.Option(help="seed of the bootstrap", min=0)] = 0,
+) -> None:
+    """Check a one-replica plan against runs through the router: predicted vs measured SLO
+    quantile per arm and routing policy (plan_check.md/json in PLAN_RUN; plan.md rewritten)."""
+    from compaction_bench.plan.check import write_check
+
+    config = PlanConfig(run_dir=plan_run, slo=slo, slo_time=slo_time,  # type: ignore[arg-type]
+                        agents=agents, bootstrap=bootstrap, seed=seed)
+    markdown, document, rows = write_check(config, check_runs, replicas)
+    for r in rows:
+        error = "-" if r.error_pct is None else f"{r.error_pct:+.1f}%"
+        measured = "missed (failures)" if r.measured_s is None else f"{r.measured_s:.1f} s"
+        predicted = "beyond measured range" if r.predicted_s is None else (
+            f"{r.predicted_s:.1f} s")
+        typer.echo(f"{r.policy} x{r.replicas} {r.arm} N={r.level}: predicted {predicted}, "
+                   f"measured {measured}, SLO {'held' if r.held else 'MISSED'}, prediction "
+                   f"error {error} (n={r.n})")
+    typer.echo(f"check: {markdown}")
+    typer.echo(f"json:  {document}")

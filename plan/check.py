@@ -1,0 +1,214 @@
+"""The fleet plan checked against replicas behind a router (issue 24):
+`compaction-bench plan-check PLAN_RUN CHECK_RUN...` (`make plan-check`).
+
+PLAN_RUN is a one-replica sweep, the plan's source. Each CHECK_RUN is a sweep run through vLLM's
+router in front of R replicas (its manifest names them: config `replica_urls`, or the
+per-replica self-checks; and the routing policy: config `router_policy`, one per run folder
+`<run-id>-<policy>`), at the planned fleet for R replicas (`SWEEP_LEVELS=<R x agents per
+replica>`). Per check run, arm and level N:
+
+- predicted: the one-replica curve of the plan (the same SLO quantile of the same time, plan.
+  settings `slo_time`) at N / R agents per replica, i.e. the plan's own assumption that a
+  router spreads the fleet evenly and each replica behaves as the one measured; none past
+  the plan's extrapolation reach;
+- measured: the quantile of the check level's continuations (failures ranked as misses, as in
+  the plan; a level whose failures alone exceed 1 - q misses), with a smoothed bootstrap
+  interval (plan.capacity);
+- held: measured quantile <= the plan's SLO in seconds; error: (predicted - measured) /
+  measured in %, with n.
+
+Written atomically as plan_check.json and plan_check.md into PLAN_RUN; plan.md then states the
+policy its GPU counts were checked under (`checked_under`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from compaction_bench.common.files import write_json_atomic, write_text_atomic
+from compaction_bench.common.markdown import table
+from compaction_bench.common.resampling import interval
+from compaction_bench.common.resampling import quantile as hd_quantile
+from compaction_bench.plan.capacity import _levels, _resample
+from compaction_bench.plan.curve import MonotoneCurve
+from compaction_bench.plan.observations import SWEEP, Observations, observe
+from compaction_bench.plan.planner import Plan, build_plan
+from compaction_bench.plan.settings import PlanConfig, PlanError
+
+CHECK_JSON = "plan_check.json"
+CHECK_MD = "plan_check.md"
+CHECK_SCHEMA = "compbench.plan_check"
+CHECK_SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """How a check run was served: replicas behind a router, and its routing policy."""
+
+    replicas: int | None
+    policy: str
+
+
+@dataclass(frozen=True)
+class CheckRow:
+    run_id: str
+    policy: str
+    replicas: int
+    arm: str
+    level: int
+    per_replica: float
+    planned: bool  # the level is the plan's fleet for these replicas (R x agents per replica)
+    predicted_s: float | None  # None: past the plan's extrapolation reach
+    extrapolated: bool
+    measured_s: float | None  # None: the level missed the SLO by failures alone
+    measured_ci: tuple[float, float] | None
+    n: int
+    failed: int
+    slo_s: float
+    held: bool
+    error_pct: float | None
+
+
+def fleet_of(obs: Observations, replicas: int | None = None) -> Fleet:
+    """The check run's replicas and routing policy, from its manifest (module docstring)."""
+    config = obs.manifest.get("config") or {}
+    urls = config.get("replica_urls") or []
+    check = obs.manifest.get("selfcheck") or {}
+    found = len(urls) or len(check.get("replicas") or {}) or replicas or None
+    policies = [str(p) for p in config.get("router_policy") or []]
+    named = [p for p in policies if obs.path.name.endswith(f"-{p}")]
+    policy = (policies[0] if len(policies) == 1 else named[0] if named else
+              "not recorded (BASE_URL as it was)")
+    return Fleet(found, policy)
+
+
+def _rows(plan: Plan, check: Observations, fleet: Fleet, rng: np.random.Generator
+          ) -> list[CheckRow]:
+    config = plan.config
+    q, basis = config.target.quantile, config.slo_time
+    assert fleet.replicas is not None
+    rows = []
+    for arm, cap in plan.capacity.items():
+        curve = MonotoneCurve([lv.level for lv in cap.levels], cap.quantiles,
+                              [lv.n for lv in cap.levels])
+        for lv in _levels(check.of(arm, SWEEP)):
+            per = lv.level / fleet.replicas
+            predicted = None if per > cap.reach else curve(per)
+            measured: float | None = None
+            ci = None
+            if lv.n and not lv.missed(q):
+                measured = float(hd_quantile(lv.times(basis), lv.rank(q)))
+                ci = interval(_resample([lv], q, rng, config.bootstrap, basis)[0][:, 0],
+                              config.confidence)
+            error = (None if predicted is None or not measured else
+                     (predicted - measured) / measured * 100)
+            rows.append(CheckRow(
+                run_id=check.run_id, policy=fleet.policy, replicas=fleet.replicas, arm=arm,
+                level=lv.level, per_replica=per,
+                planned=cap.agents is not None and lv.level == fleet.replicas * cap.agents,
+                predicted_s=predicted, extrapolated=curve.extrapolated(per),
+                measured_s=measured, measured_ci=ci, n=lv.n_all, failed=lv.failed,
+                slo_s=cap.slo_s, held=measured is not None and measured <= cap.slo_s,
+                error_pct=error))
+    return rows
+
+
+def check_plan(config: PlanConfig, check_runs: list[Path], replicas: int | None = None
+               ) -> tuple[Plan, list[CheckRow]]:
+    """The plan of `config.run_dir` and its check against every check run."""
+    plan = build_plan(config)
+    if not plan.sweep:
+        raise PlanError(f"{config.run_dir}: the plan to check needs a one-replica sweep "
+                        "(make bench REGIME=sweep); this run has none")
+    rng = np.random.default_rng(config.seed + 2)
+    rows: list[CheckRow] = []
+    for path in check_runs:
+        check = observe(path)
+        if not check.is_sweep:
+            raise PlanError(f"{path}: not a sweep run; run the check as REGIME=sweep "
+                            "SWEEP_LEVELS=<planned agents for the replicas> through the router")
+        fleet = fleet_of(check, replicas)
+        if fleet.replicas is None:
+            raise PlanError(f"{path}/manifest.json: names no replicas (config replica_urls, "
+                            "selfcheck.replicas); pass --replicas R")
+        rows += _rows(plan, check, fleet, rng)
+    return plan, rows
+
+
+def _fmt(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None or math.isnan(value) else f"{value:.{digits}f}"
+
+
+def check_document(plan: Plan, rows: list[CheckRow]) -> dict[str, Any]:
+    return {"schema": CHECK_SCHEMA, "schema_version": CHECK_SCHEMA_VERSION,
+            "plan_run": plan.observations.run_id,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "slo": plan.config.target.text, "slo_time": plan.config.slo_time,
+            "confidence": plan.config.confidence, "bootstrap": plan.config.bootstrap,
+            "policies": sorted({r.policy for r in rows}),
+            "rows": [{**asdict(r), "measured_ci": None if r.measured_ci is None
+                      else list(r.measured_ci)} for r in rows]}
+
+
+def check_markdown(plan: Plan, rows: list[CheckRow]) -> str:
+    q = f"p{100 * plan.config.target.quantile:g}"
+    lines = [f"# The plan of {plan.observations.run_id} checked behind a router", "",
+             f"Predicted: the one-replica curve's {q} of {plan.config.slo_time} time at N / R "
+             f"agents per replica; measured: the check level's {q} (failures as misses) with "
+             f"its {100 * plan.config.confidence:g}% bootstrap interval; SLO "
+             f"{plan.config.target.label}; error = (predicted - measured) / measured "
+             "(plan/check.py).", ""]
+    cells = [[r.policy, str(r.replicas), r.arm, f"{r.level}{' (planned)' if r.planned else ''}",
+              f"{_fmt(r.predicted_s)}{' (extrapolated)' if r.extrapolated else ''}"
+              if r.predicted_s is not None else "beyond measured range",
+              "missed (failures)" if r.measured_s is None else
+              f"{_fmt(r.measured_s)} [{_fmt(r.measured_ci[0] if r.measured_ci else None)}, "
+              f"{_fmt(r.measured_ci[1] if r.measured_ci else None)}]",
+              _fmt(r.slo_s), "yes" if r.held else "**no**",
+              "-" if r.error_pct is None else f"{r.error_pct:+.1f}%",
+              f"{r.n} ({r.failed} failed)", r.run_id] for r in rows]
+    lines += table(["policy", "replicas", "arm", "N", f"predicted {q} s", f"measured {q} s",
+                    "SLO s", "held", "error", "n", "run"], cells)
+    return "\n".join(lines) + "\n"
+
+
+def write_check(config: PlanConfig, check_runs: list[Path], replicas: int | None = None
+                ) -> tuple[Path, Path, list[CheckRow]]:
+    """Check the plan, write plan_check.json and .md, then rewrite the plan so plan.md states
+    the policy it was checked under."""
+    from compaction_bench.plan.planner import write_plan
+
+    plan, rows = check_plan(config, check_runs, replicas)
+    out = config.run_dir
+    write_json_atomic(out / CHECK_JSON, check_document(plan, rows))
+    write_text_atomic(out / CHECK_MD, check_markdown(plan, rows))
+    write_plan(config)
+    return out / CHECK_MD, out / CHECK_JSON, rows
+
+
+def checked_under(run_dir: Path) -> str:
+    """plan.md's line on what the GPU counts assume about the router."""
+    path = run_dir / CHECK_JSON
+    if not path.is_file():
+        return ("GPU counts assume that replicas behind a router each carry one measured "
+                "replica's agents; unchecked: measure it with `make plan-check PLAN=<this run> "
+                "RUNS=\"<sweep through the router>...\"`.")
+    document = json.loads(path.read_text(encoding="utf-8"))
+    parts = []
+    for policy in document.get("policies") or []:
+        own = [r for r in document.get("rows") or [] if r.get("policy") == policy]
+        held = all(r.get("held") for r in own)
+        errors = [abs(r["error_pct"]) for r in own if r.get("error_pct") is not None]
+        worst = f", largest prediction error {max(errors):.1f}%" if errors else ""
+        verdict = "SLO held at every checked level" if held else "SLO missed at a checked level"
+        parts.append(f"{policy} ({verdict}{worst})")
+    return (f"GPU counts assume the routing policy they were checked under ({CHECK_MD}, SLO "
+            f"{document.get('slo')} on {document.get('slo_time')} time): "
+            f"{'; '.join(parts) or 'no checked level'}.")

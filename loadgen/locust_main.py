@@ -45,10 +45,12 @@ from compaction_bench.common.files import write_json_atomic
 from compaction_bench.common.net import free_port
 from compaction_bench.loadgen.background import BackgroundConfig
 from compaction_bench.loadgen.locust_user import BackgroundAgent, _current_block
-from compaction_bench.loadgen.merge import WorkerFiles, worker_files, write_sidecar
+from compaction_bench.loadgen.merge import Anchor, WorkerFiles, worker_files, write_sidecar
 
 log = logging.getLogger("compaction_bench.loadgen.locust_main")
 BLOCK_POLL_S = 0.02  # how often the master looks for a block change to relay to workers
+ANCHOR_PINGS = 5  # clock-anchor round trips per worker; each keeps its tightest
+ANCHOR_PING_GAP_S = 0.03
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--config is required (or --worker)")
     config = BackgroundConfig.load(args.config)
     if config.workers or config.remote_workers:
-        return _master(config, args.config)
+        return _master(config)
     return _local(config)
 
 
@@ -96,7 +98,7 @@ def _local(config: BackgroundConfig) -> int:
         status, "local", stopped, [BackgroundAgent.counters.as_dict()]))
 
 
-def _master(config: BackgroundConfig, config_path: str) -> int:
+def _master(config: BackgroundConfig) -> int:
     env = _environment()
     port = config.master_port or free_port(
         "127.0.0.1" if config.master_host in ("0.0.0.0", "*") else config.master_host)
@@ -108,14 +110,17 @@ def _master(config: BackgroundConfig, config_path: str) -> int:
     counters: dict[str, dict[str, float]] = {}
 
     def on_anchor(environment: Environment, msg: Any, **_: Any) -> None:
-        runner.send_message("anchor_back", {"master_back_s": time.monotonic()},
+        back = time.monotonic()
+        runner.send_message("anchor_back", {**msg.data, "master_back_s": back},
                             client_id=msg.node_id)
 
     def on_counters(environment: Environment, msg: Any, **_: Any) -> None:
         counters[msg.node_id] = msg.data
 
+    ready: set[str] = set()
     runner.register_message("anchor", on_anchor)
     runner.register_message("counters", on_counters)
+    runner.register_message("setup_done", lambda environment, msg, **_: ready.add(msg.node_id))
     connect = "127.0.0.1" if config.master_host in ("0.0.0.0", "*") else config.master_host
     assert config.state_dir is not None
     workers = [subprocess.Popen([sys.executable, "-m", "compaction_bench.loadgen.locust_main",
@@ -127,10 +132,13 @@ def _master(config: BackgroundConfig, config_path: str) -> int:
              port, config.workers, config.remote_workers)
     _wait_workers(runner, total, config.workers_wait_s)
     histories = {str(p): p.read_text(encoding="utf-8") for p in config.histories}
-    sent = time.monotonic()
     runner.send_message("setup", {"config": config.model_dump_json(), "histories": histories,
-                                  "master_sent_s": sent, "master_wall_s": time.time(),
-                                  "t0": sent})
+                                  "master_sent_s": time.monotonic()})
+    _wait_for(lambda: len(ready) >= total, config.workers_wait_s,
+              lambda: f"only {len(ready)} of {total} locust workers loaded the schedules")
+    _anchor_pings(runner)  # with nothing else on the wire: the tightest anchors
+    # the schedule's start, on the master's clock; each worker moves it onto its own
+    runner.send_message("start", {"t0": time.monotonic() + 0.05})
     runner.start(config.users, spawn_rate=_locust_rate(config))
     log.info("background load: master, %d workers, %d users, %s, regime %s", total,
              config.users, config.api_url, config.regime)
@@ -155,27 +163,35 @@ def _worker(host: str, port: int, out: Path) -> int:
     clock: dict[str, float] = {"offset_s": 0.0}  # master time - worker time, from the setup
 
     def on_setup(environment: Environment, msg: Any, **_: Any) -> None:
-        arrived, wall = time.monotonic(), time.time()
-        runner.send_message("anchor", {})  # first: the round trip is the anchor's precision
-        data = msg.data
-        clock["offset_s"] = data["master_sent_s"] - arrived
-        me["anchor"] = {"worker_s": arrived, "worker_wall_s": wall,
-                        "master_sent_s": data["master_sent_s"],
-                        "master_wall_s": data["master_wall_s"]}
-        _setup_worker(files, BackgroundConfig.model_validate_json(data["config"]),
-                      data["histories"])
+        # a first estimate (one way: late by the message's transit); the pings refine it
+        clock["offset_s"] = msg.data["master_sent_s"] - time.monotonic()
+        _setup_worker(files, BackgroundConfig.model_validate_json(msg.data["config"]),
+                      msg.data["histories"])
         assert BackgroundAgent.config is not None
         me.update(index=runner.worker_index, origin_s=BackgroundAgent.config.origin)
-        BackgroundAgent.t0 = arrived + (data["t0"] - data["master_sent_s"])
+        runner.send_message("setup_done", {})
+
+    def on_start(environment: Environment, msg: Any, **_: Any) -> None:
+        BackgroundAgent.t0 = msg.data["t0"] - clock["offset_s"]
+
+    def on_ping(environment: Environment, msg: Any, **_: Any) -> None:
+        arrived, wall = time.monotonic(), time.time()
+        runner.send_message("anchor", {"worker_s": arrived, "worker_wall_s": wall, **msg.data})
 
     def on_back(environment: Environment, msg: Any, **_: Any) -> None:
-        me["anchor"]["master_back_s"] = msg.data["master_back_s"]
-        write_sidecar(files, **me, records=BackgroundAgent.written, stopped=False)
+        anchor = Anchor(**msg.data)
+        best = me.get("anchor")
+        if best is None or anchor.precision_s < Anchor(**best).precision_s:
+            me["anchor"] = msg.data  # the tightest round trip of the pings
+            clock["offset_s"] = anchor.offset_s
+            write_sidecar(files, **me, records=BackgroundAgent.written, stopped=False)
 
     def on_block(environment: Environment, msg: Any, **_: Any) -> None:
         BackgroundAgent.block = msg.data["block"]
 
     runner.register_message("setup", on_setup)
+    runner.register_message("start", on_start)
+    runner.register_message("anchor_ping", on_ping)
     runner.register_message("anchor_back", on_back)
     runner.register_message("block", on_block)
     log.info("background worker %s: master %s:%d, records in %s", files.name, host, port, out)
@@ -188,7 +204,7 @@ def _worker(host: str, port: int, out: Path) -> int:
 
     code = _serve(runner, None, report)
     gevent.sleep(0)  # users killed by the stop finish writing their last record
-    if "master_back_s" in me.get("anchor", {}):
+    if "anchor" in me:
         write_sidecar(files, **me, records=BackgroundAgent.written, stopped=True)
         log.info("background worker %s: %d records in %s", files.name,
                  BackgroundAgent.written, files.raw)
@@ -234,13 +250,28 @@ def _serve(runner: Runner, duration_s: float | None, report: Any) -> int:
 
 
 def _wait_workers(runner: Any, count: int, timeout_s: float) -> None:
+    _wait_for(lambda: len(runner.clients.ready) >= count, timeout_s, lambda: (
+        f"only {len(runner.clients.ready)} of {count} locust workers connected (start the "
+        "remote ones with `compaction-bench load worker --master HOST:PORT --out DIR`)"))
+
+
+def _wait_for(done: Any, timeout_s: float, why: Any) -> None:
     deadline = time.monotonic() + timeout_s
-    while len(runner.clients.ready) < count:
+    while not done():
         if time.monotonic() > deadline:
-            raise SystemExit(f"only {len(runner.clients.ready)} of {count} locust workers "
-                             f"connected within {timeout_s:.0f}s (start the remote ones with "
-                             "`compaction-bench load worker --master HOST:PORT --out DIR`)")
-        gevent.sleep(0.05)
+            raise SystemExit(f"{why()} within {timeout_s:.0f}s")
+        gevent.sleep(0.02)
+
+
+def _anchor_pings(runner: Any) -> None:
+    """Small messages each worker answers at once (`loadgen/merge.py`); a round trip sent
+    while nothing else is on the wire is the tightest anchor."""
+    for _ in range(ANCHOR_PINGS):
+        for client in list(runner.clients.ready):
+            runner.send_message("anchor_ping", {"master_sent_s": time.monotonic(),
+                                                "master_wall_s": time.time()},
+                                client_id=client.id)
+        gevent.sleep(ANCHOR_PING_GAP_S)
 
 
 def _relay_blocks(runner: Runner, path: Path | None) -> None:

@@ -1,0 +1,112 @@
+"""The fleet plan checked against two replicas behind a router (issue 24, item 6), on synthetic
+sweeps with a known truth (conftest.py): the plan's one-replica sweep, and check sweeps at the
+planned fleet for two replicas. A router that spreads the fleet evenly gives each replica N / 2
+agents (the check's truth: slope b / 2 per agent of the whole fleet), so the prediction holds;
+one that sends the whole fleet's load to one replica's worth of capacity (slope b) does not."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from compaction_bench.plan.check import check_plan, fleet_of, write_check
+from compaction_bench.plan.observations import observe
+from compaction_bench.plan.planner import build_plan
+from compaction_bench.plan.settings import PlanConfig, PlanError
+
+URLS = ["http://127.0.0.1:18401", "http://127.0.0.1:18402"]
+
+
+def _config(run: Path, slo: float) -> PlanConfig:
+    return PlanConfig(run_dir=run, slo=f"p90:{slo}s", bootstrap=300, plots=False)
+
+
+def _setup(truth: Any, make_sweep: Callable[..., Path]) -> tuple[PlanConfig, int, list[Path]]:
+    slo = truth.quantile(5.5, 0.9)
+    plan_run = make_sweep("plan", seed=1)
+    config = _config(plan_run, slo)
+    agents = build_plan(config).capacity["clean"].agents
+    assert agents is not None
+    planned = 2 * agents
+    even = type(truth)(b=truth.b / 2)  # each replica carries N / 2
+    checks = [
+        make_sweep("check-round_robin", seed=2, truth=even, levels=(planned,), per_level=200,
+                   config={"replica_urls": URLS, "router_policy": ["round_robin"]}),
+        make_sweep("check-bad", seed=3, truth=truth, levels=(planned,), per_level=200,
+                   config={"replica_urls": URLS, "router_policy": ["round_robin", "bad"]})]
+    return config, planned, checks
+
+
+def test_the_check_reports_prediction_error_and_the_slo_per_policy(
+        truth: Any, make_sweep: Callable[..., Path]) -> None:
+    config, planned, checks = _setup(truth, make_sweep)
+    plan, rows = check_plan(config, checks)
+    by = {(r.policy, r.arm): r for r in rows}
+    assert set(by) == {(p, a) for p in ("round_robin", "bad") for a in ("clean", "self")}
+    even = by[("round_robin", "clean")]
+    assert even.level == planned and even.planned and even.replicas == 2
+    assert even.per_replica == planned / 2 and even.n == 200
+    assert even.held and even.measured_s is not None and even.measured_ci is not None
+    assert even.measured_ci[0] <= even.measured_s <= even.measured_ci[1]
+    # the truth at N / 2 per replica is what the one-replica curve predicts
+    assert even.predicted_s is not None and abs(even.error_pct or 0) < 10
+    assert abs(even.measured_s - truth.quantile(planned / 2, 0.9)) / even.measured_s < 0.1
+    bad = by[("bad", "clean")]
+    true_error = (truth.quantile(planned / 2, 0.9) / truth.quantile(planned, 0.9) - 1) * 100
+    assert not bad.held and bad.error_pct is not None and bad.error_pct < -15
+    assert abs(bad.error_pct - true_error) < 10
+    assert even.slo_s == plan.capacity["clean"].slo_s
+
+
+def test_the_files_and_the_policy_line_in_plan_md(truth: Any,
+                                                  make_sweep: Callable[..., Path]) -> None:
+    config, planned, checks = _setup(truth, make_sweep)
+    from compaction_bench.plan.planner import write_plan
+
+    write_plan(config)
+    assert "unchecked: measure it with `make plan-check" in (
+        config.run_dir / "plan.md").read_text()
+    markdown, document, _ = write_check(config, checks[:1])
+    data = json.loads(document.read_text())
+    assert data["schema"] == "compbench.plan_check" and data["policies"] == ["round_robin"]
+    assert {r["arm"] for r in data["rows"]} == {"clean", "self"}
+    assert all(r["n"] == 200 and r["replicas"] == 2 for r in data["rows"])
+    text = markdown.read_text()
+    assert f"| round_robin | 2 | clean | {planned} (planned) |" in text
+    plan_md = (config.run_dir / "plan.md").read_text()
+    assert "GPU counts assume the routing policy they were checked under" in plan_md
+    assert "round_robin (SLO held at every checked level, largest prediction error" in plan_md
+
+
+def test_the_policy_and_replicas_come_from_the_manifest(
+        make_sweep: Callable[..., Path]) -> None:
+    run = make_sweep("run-7-cache_aware", levels=(2,), config={
+        "router_policy": ["round_robin", "cache_aware"]})
+    fleet = fleet_of(observe(run))
+    assert fleet.policy == "cache_aware" and fleet.replicas is None
+    assert fleet_of(observe(run), replicas=3).replicas == 3
+    with pytest.raises(PlanError, match=r"manifest.json: names no replicas.*--replicas"):
+        check_plan(_config(make_sweep("plan", levels=(1, 2, 4)), 60.0), [run])
+
+
+@pytest.mark.e2e
+def test_make_plan_check_prints_the_prediction_error(
+        truth: Any, make_sweep: Callable[..., Path]) -> None:
+    config, planned, checks = _setup(truth, make_sweep)
+    done = subprocess.run(
+        [sys.executable, "-m", "compaction_bench", "plan-check", str(config.run_dir),
+         *map(str, checks), "--slo", config.slo, "--bootstrap", "200"],
+        capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert any(line.startswith(f"round_robin x2 clean N={planned}: predicted ")
+               and "SLO held, prediction error " in line and "(n=200)" in line
+               for line in lines), done.stdout
+    assert any(line.startswith("bad x2 clean") and "SLO MISSED" in line for line in lines)
+    assert (config.run_dir / "plan_check.md").is_file()

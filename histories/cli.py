@@ -192,8 +192,9 @@ def arms_cmd(
 
 
 _SHOWN = ("blocks", "rewritten", "identity-short", "reverted-not-shorter", "failed", "words_in",
-          "words_out", "latency_s", "steps", "pruned", "single-segment", "skipped-scorer-limit",
-          "deleted", "tokens-removed", "scorer_s", "scorer_tokens")
+          "words_out", "latency_s", "cache_hits", "live_latency_s", "steps", "pruned",
+          "single-segment", "skipped-scorer-limit", "deleted", "tokens-removed", "scorer_s",
+          "scorer_tokens")
 
 
 @app.command("audit")

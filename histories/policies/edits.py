@@ -22,7 +22,7 @@ EditOutcome = Literal[
     "tokens-removed",  # random-r: r% of the reasoning's tokens removed
     "too-short",  # random-r: r% of its tokens rounds down to none
     "empty",  # nothing to edit: the turn has no reasoning
-    "failed",  # the rule raised (scorer trouble); the turn was sent unchanged
+    "failed",  # the rule raised, or its input is past the scorer's context; sent unchanged
 ]
 EDIT_OUTCOMES: tuple[EditOutcome, ...] = (
     "pruned", "single-segment", "skipped-scorer-limit", "deleted", "tokens-removed", "too-short",

@@ -7,7 +7,9 @@ given the step's editable reasoning and the history before it, the reasoning to 
   nothing removed, and nothing is scored. Conditioned: each segment is scored on the full
   history before it, rendered with the proxy model's chat template, then the segments before it
   in the same step; step-only: on the current step's reasoning alone. A scorer input over the
-  limit leaves the step as it was (`skipped-scorer-limit`), never truncated.
+  limit leaves the step as it was (`skipped-scorer-limit`), never truncated; one within the
+  limit but past the scorer model's context fails the step (`failed`, the sizes and the fix in
+  its error): the arm would otherwise go out unpruned and pass as the paper's policy.
 - `DeleteRule` (`delete-all-thinking`, and `keep-latest` for every step but the latest): the
   reasoning removed.
 - `RandomRule` (`random-r`): r% of the reasoning's tokens (the proxy model's tokenizer),
@@ -139,8 +141,9 @@ class EntropyRule:
         else:  # the current step alone: its reasoning after the tokenizer's own BOS, if any
             scores = self.scorer.score("", step.span.text, segments, special=True)
         if scores.skipped is not None:
-            return Decision(step.span.text, "skipped-scorer-limit", segments=len(segments),
-                            scores=scores, error=scores.skipped)
+            return Decision(step.span.text, "failed" if scores.over_context else
+                            "skipped-scorer-limit", segments=len(segments), scores=scores,
+                            error=scores.skipped)
         count = len(segments) * self.ratio.numerator // self.ratio.denominator
         ranked = sorted(range(len(segments)), key=lambda i: (
             scores.entropy[i] is None, scores.entropy[i] or 0.0, i))

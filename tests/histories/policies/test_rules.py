@@ -78,6 +78,25 @@ def test_a_scorer_input_over_the_limit_skips_the_step_untruncated() -> None:
     assert got.scores is not None and got.scores.input_tokens > 40
 
 
+def test_a_history_past_the_scorer_context_fails_the_step_naming_sizes_and_fix(
+        scorer: ProxyScorer) -> None:
+    """Within the paper's 42K limit but past SmolLM2's 8,192-token context: the paper's scorer
+    would have scored this step, this one cannot. It used to be skipped like a step over the
+    paper's limit, so the arm went out unpruned and passed."""
+    long_history = [{"role": "user", "content": f"{FACT} " * 400}]  # about 10K tokens
+    text = f"{GIBBERISH}\n\n{COUNTING}"
+    got = EntropyRule(scorer).decide(step(text, long_history))
+    assert got.scores is not None and 8192 < got.scores.input_tokens <= 42_000
+    assert got.outcome == "failed" and got.text == text
+    assert got.error is not None and "\n" not in got.error
+    assert f"scorer input of {got.scores.input_tokens} tokens" in got.error
+    assert "context of 8192 tokens" in got.error and "SCORER=" in got.error
+    # past the arm's own limit as well: the paper's skip, not a failure
+    tight = ProxyScorer.shared(ScorerConfig(model="embedded:smollm2-135m-instruct",
+                                            max_input_tokens=9000))
+    assert EntropyRule(tight).decide(step(text, long_history)).outcome == "skipped-scorer-limit"
+
+
 def test_the_scorer_limit_never_exceeds_the_model_context(scorer: ProxyScorer) -> None:
     assert scorer.config.max_input_tokens == 42_000  # the paper's limit
     assert scorer.limit == scorer.model_limit == 8192  # SmolLM2's max_position_embeddings

@@ -39,6 +39,25 @@ def _print_files(files: object) -> None:
         typer.echo(f"plots:   {files.plots[0].parent}/ ({len(files.plots)} PNG)")
 
 
+def _print_outcome(found: object) -> None:
+    """One run's report files, or with ROUTER_POLICY each policy's and the comparison."""
+    from compaction_bench.bench.run.routing import RoutedRuns
+
+    if not isinstance(found, RoutedRuns):
+        _print_files(found)
+        return
+    for policy, outcome in found.outcomes.items():
+        typer.echo(f"[{policy}] run folder: {outcome.run_dir}")
+        if outcome.report is not None:
+            _print_files(outcome.report)
+    for policy, why in found.missing.items():
+        typer.echo(f"[{policy}] {why}")
+    if found.text is not None:
+        typer.echo("")
+        typer.echo(found.text)
+        typer.echo(f"routing comparison: {found.comparison}")
+
+
 def bench_config(words: list[str], config_file: Path | None, from_env: bool) -> BenchConfig:
     """The run's settings: defaults, then the file, then (for `make bench`) the environment's
     make-style variables, then the `name=value` words (common/settings.py)."""
@@ -76,7 +95,7 @@ def run(
     outcome = run_bench(bench_config(settings or [], config, from_env),
                         report=lambda run_dir, seed: write_report(run_dir, seed=seed))
     if outcome.report is not None:
-        _print_files(outcome.report)
+        _print_outcome(outcome.report)
     if outcome.aborted:
         typer.echo(f"error: {outcome.aborted}", err=True)
         raise typer.Exit(outcome.exit_code or ExitCode.FAILED)

@@ -62,6 +62,7 @@ class ReplicaSampler:
         self.clock = clock
         self.routed = routed or routed_counts
         self.samples = 0
+        self._stopped = False
         self._beat = Periodic(self.sample_once, interval_s=interval_s, clock=clock,
                               name="replica-sampler")
 
@@ -93,8 +94,14 @@ class ReplicaSampler:
         return self
 
     def stop(self) -> None:
-        """Stop sampling (idempotent); returns after the last line is written."""
+        """Stop sampling (idempotent) after one last scrape, so the counters' deltas also
+        cover the requests that ended since the previous one; returns after it is written."""
+        if self._stopped:
+            return
+        self._stopped = True
         self._beat.stop()
+        if self.samples:
+            self.sample_once()
         for server in self.servers:
             server.close()
         self.writer.close()

@@ -35,8 +35,14 @@ from compaction_bench.bench.run.config import (
     regime_users,
 )
 from compaction_bench.bench.run.progress import Progress
-from compaction_bench.bench.run.resume import block_passes, failed_arms
-from compaction_bench.bench.run.session import Report, RunOutcome, Session, run_session
+from compaction_bench.bench.run.resume import block_passes, failed_arms, resumed_config
+from compaction_bench.bench.run.session import (
+    Report,
+    RunKind,
+    RunOutcome,
+    Session,
+    run_session,
+)
 from compaction_bench.bench.run.stop import RunStop
 from compaction_bench.bench.run.telemetry import run_telemetry, service_probe
 from compaction_bench.bench.run.watchdog import Watchdog
@@ -50,16 +56,30 @@ from compaction_bench.serve.profile import Profile
 def run_bench(config: BenchConfig, *, stream: TextIO = sys.stderr,
               report: Report | None = None) -> RunOutcome:
     """One `make bench`: blocks under a regime, or the load-response sweep (REGIME=sweep);
-    `report(run_dir, seed)` writes the report afterwards (the CLI passes it)."""
+    `report(run_dir, seed)` writes the report afterwards (the CLI passes it). With
+    ROUTER_POLICY=a,b the whole run once per policy, each through a router of its own
+    (bench/run/routing.py); the outcome's `report` is then the `RoutedRuns`."""
+    config = resumed_config(config)
+    if config.router_policy:
+        from compaction_bench.bench.run.routing import routed_outcome, run_policies
+
+        runs = run_policies(config, lambda routed, wrap: _run_kind(
+            routed, wrap, stream=stream, report=report), stream=stream)
+        return routed_outcome(runs, Path(config.results_dir))
+    return _run_kind(config, lambda kind: kind, stream=stream, report=report)
+
+
+def _run_kind(config: BenchConfig, wrap: Callable[[RunKind], RunKind], *, stream: TextIO,
+              report: Report | None) -> RunOutcome:
     if config.regime == SWEEP:  # closed-loop fleets instead of blocks: bench/run/sweep.py
         from compaction_bench.bench.run.sweep import Sweep
 
-        return run_session(config, Sweep(), stream=stream)  # its document is `make plan`
+        return run_session(config, wrap(Sweep()), stream=stream)  # its document is `make plan`
     if config.regime == SEARCH:  # capacity in one run: bench/run/search.py
         from compaction_bench.bench.run.search import Search
 
-        return run_session(config, Search(), stream=stream)
-    return run_session(config, Blocks(), stream=stream, report=report)
+        return run_session(config, wrap(Search()), stream=stream)
+    return run_session(config, wrap(Blocks()), stream=stream, report=report)
 
 
 class Blocks:

@@ -13,7 +13,10 @@ The locust processes run in a process group of their own, stop by themselves aft
 the whole group, so none outlives the bench.
 
 `BackgroundConfig` (typed, no locust import) travels to the locust processes as a JSON file;
-everything they need is in it.
+everything they need is in it. With workers (`workers` local, `remote_workers` started on other
+hosts by `compaction-bench load worker`), the master hands it on to each worker, every worker
+writes its own raw records, and `stop()` merges the local workers' into `out`, refusing a record
+lost or duplicated (`loadgen/merge.py`; docs/load.md).
 """
 
 from __future__ import annotations

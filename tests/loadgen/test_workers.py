@@ -122,3 +122,35 @@ def test_each_background_user_sends_its_own_lasting_cache_salt(fake: FakeProcess
     rows = read_jsonl(config.out).objects
     assert {(r["labels"]["user"], r["labels"]["cache_salt"]) for r in rows} == {
         (0, config.user_salt(0)), (1, config.user_salt(1))}
+
+
+def test_load_run_with_two_local_workers_merges_them_when_it_ends(fake: FakeProcess,
+                                                                  tmp_path: Path) -> None:
+    config = BackgroundConfig(server_url=fake.server_url, users=4, spawn_rate=8,
+                              out=tmp_path / "run" / "requests.jsonl", origin=time.monotonic(),
+                              workers=2, duration_s=4, replay=FAST)
+    config.save(tmp_path / "bg.json")
+    done = subprocess.run([*CLI, "load", "run", str(tmp_path / "bg.json")], capture_output=True,
+                          text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    rows = read_jsonl(config.out).objects
+    merges = read_jsonl(tmp_path / "run" / "background" / "merges.jsonl").objects
+    assert len(merges) == 2 and sum(m["records"] for m in merges) == len(rows) > 4
+    assert len({r["request_id"] for r in rows}) == len(rows)
+    assert {r["labels"]["user"] for r in rows} == set(range(4))
+
+
+def test_a_bad_merge_ends_with_one_line_naming_the_file(tmp_path: Path) -> None:
+    folder = tmp_path / "host-b"
+    folder.mkdir()
+    line = json.dumps({"request_id": "bg-0-0", "sent_s": 1.0, "source": "background"})
+    (folder / "requests-b-1.jsonl").write_text(f"{line}\n{line}\n")
+    (folder / "worker-b-1.json").write_text(json.dumps({
+        "worker": "b-1", "records": 2, "stopped": True, "origin_s": 0.0,
+        "anchor": {"worker_s": 0.0, "master_sent_s": 0.0, "master_back_s": 0.001}}))
+    done = subprocess.run([*CLI, "load", "merge", str(tmp_path / "run"), str(folder)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and "requests-b-1.jsonl: line 2: bg-0-0 duplicated" in last
+    assert not (tmp_path / "run" / "requests.jsonl").exists()

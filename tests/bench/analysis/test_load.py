@@ -112,8 +112,8 @@ def test_a_dedicated_block_with_other_traffic_fails() -> None:
     load = block_load("dedicated", 0, 0.0, 10.0, own, metrics, [], arms_from=3.0)
     assert load.verdict == "failed" and not load.valid
     (reason,) = load.reasons
-    assert reason.startswith("3 requests not ours: the server finished 5 requests between "
-                             "t=3.2 s and t=9.0 s")
+    assert reason.startswith("3 requests not ours (at least): the server finished 5 "
+                             "requests between t=3.2 s and t=9.0 s")
     assert load.foreign_requests == 3 and load.own_finished == 2
 
 
@@ -131,3 +131,13 @@ def test_a_dedicated_block_without_a_usable_counter_is_unverified_never_verified
     older = [MetricSample(t_s=t, num_requests_waiting=0.0) for t in (4.0, 6.0)]
     assert block_load("dedicated", 0, 0.0, 10.0, own, older, [],
                       arms_from=3.0).verdict == "unverified"
+
+
+def test_a_counter_that_misses_the_runs_own_requests_is_unverified() -> None:
+    """A counter that did not rise with the run's own answered requests is not this server's
+    (another server's /metrics): 'no other traffic' cannot be read from it, so not verified."""
+    own = [arm(i, 3.0 + i, 4.0 + i) for i in range(4)]  # ends at 4, 5, 6, 7 s
+    load = block_load("dedicated", 0, 0.0, 10.0, own, finished((3.2, 7.0), (8.5, 8.0)), [],
+                      arms_from=3.0)
+    assert load.verdict == "unverified" and "fewer than the 4 answered requests" in (
+        load.unverified[0])

@@ -25,9 +25,9 @@ from compaction_bench.common.resampling import CONFIDENCE, RESAMPLES
 
 DEFAULT_SLO = "p90:2x"
 DEFAULT_AGENTS = 100
-DEFAULT_SLO_TIME = "wall"
-DEFAULT_EXTRAPOLATION = 2.0
 SloTime = Literal["wall", "postfork"]
+DEFAULT_SLO_TIME: SloTime = "wall"
+DEFAULT_EXTRAPOLATION = 2.0
 _SLO = re.compile(r"^p(\d+(?:\.\d+)?):(\d+(?:\.\d+)?)(s|x)?$")
 
 

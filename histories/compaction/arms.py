@@ -85,7 +85,7 @@ def totals(results: list[CompactionResult]) -> dict[str, Any]:
         if name == "all":
             out.update(sums)
         else:
-            stamps = [r.cached.get("at") for r in hits if r.cached and r.cached.get("at")]
+            stamps = [float(r.cached["at"]) for r in hits if r.cached and r.cached.get("at")]
             out["from_cache"] = {"blocks": len(hits), **sums,
                                  "measured_at": [min(stamps), max(stamps)] if stamps else None}
     out["live_latency_s"] = sum(r.latency_s for r in results)

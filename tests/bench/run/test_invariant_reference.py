@@ -6,6 +6,10 @@ block (`run_block`, the real agent loop and workspace) against the fake server."
 from __future__ import annotations
 
 import copy
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +20,7 @@ from compaction_bench.bench.run.arm import Arm, arm_for
 from compaction_bench.bench.run.block import NO_CLEAN, BlockSettings, run_block
 from compaction_bench.bench.run.config import BenchConfig
 from compaction_bench.bench.run.writer import RunWriter
-from compaction_bench.common.paths import histories_root
+from compaction_bench.common.paths import histories_root, repo_root
 from compaction_bench.histories.agent.chat import config_for_profile
 from compaction_bench.histories.compaction.ledger import Ledger
 from compaction_bench.histories.format.history import History, load_history
@@ -73,3 +77,25 @@ def test_an_arm_alone_is_checked_against_clean_or_recorded_as_not_checked(
     assert isinstance(invariant, dict) and invariant["passed"] is False
     assert invariant["clean_sha256"] != invariant["arm_sha256"]
     assert str(checked["error"]).startswith("InvariantError:")
+
+
+def test_a_sweep_cell_checks_its_arm_against_clean(fake: FakeProcess, tmp_path: Path) -> None:
+    """Through the real `bench regime=sweep`: a placebo cell's continuation is checked against
+    clean's first request of the same continuation number (its body, clean's seed), which is
+    the one clean's cell sent; before, placebo was checked against itself."""
+    done = subprocess.run(
+        [sys.executable, "-m", "compaction_bench", "bench", "regime=sweep", "source=agent",
+         "profile=cpu-tiny", f"base_url={fake.api_url}", "arms=clean,placebo",
+         "sweep.levels=1", "sweep.min_continuations=1", "sweep.warmup=0", "step_limit=1",
+         "selfcheck=0", "run_id=sw"], cwd=repo_root(), capture_output=True, text=True,
+        timeout=600, check=False, env={**os.environ, "COMPBENCH_RESULTS": str(tmp_path)})
+    assert done.returncode == 0, done.stdout + done.stderr
+    arms = [json.loads(line) for line in (tmp_path / "sw" / "arms.jsonl").read_text()
+            .splitlines() if line.strip()]
+    clean = {a["block"]: a["invariant"] for a in arms if a["arm"] == "clean"}
+    placebo = {a["block"]: a["invariant"] for a in arms if a["arm"] == "placebo"}
+    assert placebo and set(placebo) == set(clean)
+    for block, invariant in placebo.items():
+        assert invariant["passed"] is True and "seed" in invariant["factor_fields"]
+        assert invariant["clean_sha256"] == clean[block]["arm_sha256"] != (
+            invariant["arm_sha256"])

@@ -135,6 +135,7 @@ class ArmCapacity:
     excluded: list[Level] = field(default_factory=list)  # missed by failures, or lost
     reach: float = math.inf  # the extrapolation limit: N beyond it is "> reach", never a number
     beyond: float | None = None  # capacity lies past the reach (agents None): the reach
+    n_slo_beyond: bool = False  # n_slo is inf because the SLO is met past the reach
     model_error: tuple[float, float] = (0.0, 0.0)  # plan.curve.model_error
     slo_time: str = "wall"  # the time the SLO bounds (plan.settings)
 
@@ -328,7 +329,9 @@ def _arm(arm: str, levels: list[Level], excluded: list[Level], quantiles: np.nda
         raw, below_failures) > reach else None
     n_slo = _within(raw, below_failures, reach)
     agents, binding = capped(n_slo, kv_cap, seq_cap, failures)
-    if beyond is not None and binding == UNBOUNDED:
+    if math.isfinite(agents) and agents > reach:  # an engine cap past the reach: unmeasured
+        agents, beyond = math.inf, reach
+    if beyond is not None and math.isinf(agents):
         binding = f"beyond measured range: > {beyond:g} (extrapolation limit)"
     n_arr = CurveBatch(x, qs, weights).inverse(slo_reps)
     n_arr = np.minimum(n_arr, np.minimum(row_caps, below_failures))
@@ -336,6 +339,7 @@ def _arm(arm: str, levels: list[Level], excluded: list[Level], quantiles: np.nda
     agents_arr = np.array([capped(None if math.isnan(v) else float(v), kv_cap, seq_cap,
                                   failures)[0] for v in n_arr])
     agents_arr = np.minimum(agents_arr, row_caps)
+    agents_arr = np.where(agents_arr > reach, np.inf, agents_arr)
     usable = np.isfinite(agents_arr) & (agents_arr > 0)
     cycle_arr = np.full(len(agents_arr), np.nan)
     cycle_arr[usable] = CurveBatch(x, cycles[usable], weights).at(agents_arr[usable]) if (
@@ -346,6 +350,7 @@ def _arm(arm: str, levels: list[Level], excluded: list[Level], quantiles: np.nda
              for sign in (1, -1)]
     model_n = [0.0 if e is None else e for e in edges]
     model_agents = [capped(e, kv_cap, seq_cap, failures)[0] for e in edges]
+    model_agents = [math.inf if a > reach else a for a in model_agents]
     n_low, n_high = interval(np.where(np.isnan(n_arr), 0.0, n_arr), config.confidence)
     n_ci = (min(n_low, model_n[0]), max(n_high, model_n[1]))  # none: 0
     low, high = interval(agents_arr, config.confidence)
@@ -364,7 +369,9 @@ def _arm(arm: str, levels: list[Level], excluded: list[Level], quantiles: np.nda
         extrapolated=whole is not None and (whole > x[-1] or 0 < whole < x[0]),
         replicates=agents_arr, cycle_replicates=cycle_arr, lolo=lolo,
         gpus_per_replica=engine.gpus_per_replica, excluded=excluded, reach=reach,
-        beyond=beyond if whole is None else None, model_error=band, slo_time=config.slo_time)
+        beyond=beyond if whole is None else None, model_error=band, slo_time=config.slo_time,
+        n_slo_beyond=raw is not None and math.isfinite(raw) and n_slo is not None
+        and math.isinf(n_slo))
 
 
 @dataclass(frozen=True)

@@ -84,6 +84,7 @@ def _arm(plan: Plan, cap: ArmCapacity) -> dict[str, Any]:
                             "beyond_rel_per_agent": cap.model_error[1]},
             "extrapolated": cap.extrapolated, "n_slo": num(cap.n_slo),
             "n_slo_infinite": cap.n_slo is not None and math.isinf(cap.n_slo),
+            "n_slo_beyond_reach": cap.n_slo_beyond,
             "n_slo_ci": pair(cap.n_slo_ci), "n_slo_extrapolated": cap.n_slo_extrapolated,
             "slo_s": num(cap.slo_s), "slo_s_ci": pair(cap.slo_ci), "kv_cap": cap.kv_cap,
             "seq_cap": cap.seq_cap, "duty": num(cap.duty),

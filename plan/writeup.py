@@ -90,7 +90,7 @@ def _capacity(plan: Plan, document: dict[str, Any]) -> list[str]:
         rows.append([arm, f"{_agents(cap.agents, cap.beyond)}{_agents_ci(cap.agents_ci, 0, reach)}"
                      f"{' (extrapolated)' if cap.extrapolated else ''}",
                      _per_gpu(cap), cap.binding,
-                     f"{_unbounded(cap.n_slo, 1, cap.beyond)}"
+                     f"{_unbounded(cap.n_slo, 1, reach if cap.n_slo_beyond else None)}"
                      f"{_agents_ci(cap.n_slo_ci, 1, reach)}"
                      f"{' (extrapolated)' if cap.n_slo_extrapolated else ''}",
                      str(cap.kv_cap or "-"), f"{cap.seq_cap or '-'} (duty {fmt(cap.duty)})",

@@ -77,6 +77,16 @@ def test_capacity_past_the_extrapolation_limit_is_a_bound_not_a_number(
     markdown = plan_markdown(plan, document, ())
     assert "**> 16** (beyond measured range)" in markdown
     assert "at most 7 (capacity beyond measured range: > 16 agents per replica)" in markdown
+    # an engine limit past the reach (max_num_seqs 64) is no measured capacity either: the
+    # old plan read 64 here
+    capped_run = make_sweep("capped", truth=bent, max_num_seqs=64)
+    capped = _plan(capped_run, slo).capacity["clean"]
+    assert capped.agents is None and capped.beyond == 16.0 and capped.seq_cap == 64
+    kv = _plan(make_sweep("kv", truth=bent, requests=True), slo)
+    assert kv.capacity["clean"].binding == "KV cache" and kv.capacity["clean"].n_slo_beyond
+    row = next(line for line in plan_markdown(kv, plan_json(kv, ()), ()).splitlines()
+               if line.startswith("| clean | **"))
+    assert "| > 16 [> 16, > 16]" in row and "unbounded" not in row
     # a wider limit reaches the point again, and flags it extrapolated
     wide = _plan(run, slo, extrapolation=20.0).capacity["clean"]
     assert wide.agents is not None and wide.agents > 90 and wide.extrapolated

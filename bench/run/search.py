@@ -45,6 +45,7 @@ from compaction_bench.bench.run.boundary import (
 from compaction_bench.bench.run.config import REFERENCE, SWEEP, BenchConfig
 from compaction_bench.bench.run.fleet import run_cell
 from compaction_bench.bench.run.session import Session
+from compaction_bench.bench.run.stop import RunStop
 from compaction_bench.bench.run.sweep import SWEEP_FILE, server_cache_config, sweep_config
 from compaction_bench.bench.run.watchdog import Watchdog
 from compaction_bench.bench.run.writer import RunWriter
@@ -177,7 +178,7 @@ class Search:
                                                origin=session.origin))
                 stack.enter_context(Watchdog(
                     session.url, config.stall_s,
-                    lambda why: stop.stop(f"{why}; {session.hint}"),
+                    lambda why: _stop_for(stop, f"{why}; {session.hint}"),
                     healthy=is_healthy, sampler=sampler))
                 records, aborted = self._search(session, writer, cells_out, decisions)
         except KeyboardInterrupt as exc:
@@ -288,6 +289,10 @@ class Search:
                                                              _finite(m.high_s)],
             "interval": f"order statistics, {session.config.search.confidence:.0%}",
             "limit_s": limit, "held": v.held, "clear": v.clear, "why": v.why})
+
+
+def _stop_for(stop: RunStop, message: str) -> None:
+    stop.stop(message)
 
 
 def _finite(value: float) -> float | None:

@@ -99,3 +99,32 @@ def test_a_sweep_cell_checks_its_arm_against_clean(fake: FakeProcess, tmp_path: 
         assert invariant["passed"] is True and "seed" in invariant["factor_fields"]
         assert invariant["clean_sha256"] == clean[block]["arm_sha256"] != (
             invariant["arm_sha256"])
+
+
+def bench(tmp: Path, url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "compaction_bench", "bench", "source=agent", "profile=cpu-tiny",
+         f"base_url={url}", f"external_url={url}", "step_limit=3", "selfcheck=0", *args],
+        cwd=repo_root(), capture_output=True, text=True, timeout=600, check=False,
+        env={**os.environ, "COMPBENCH_RESULTS": str(tmp)})
+
+
+def test_a_recovery_run_checks_its_arm_against_clean(tmp_path: Path) -> None:
+    """Through the real `bench ... recover=1`: a failed placebo re-run alone is checked against
+    clean's history (clean's body, clean's seed), not against its own first request."""
+    # a path git reserves: the host-side patch capture fails every arm (test_trust.py)
+    broken = "THOUGHT: Break the patch.\n\n```bash\nmkdir .GIT && echo x > .GIT/x\n```"
+    with FakeProcess(FakeConfig(ttft_ms=1, itl_ms=0, default_content=broken)) as server:
+        first = bench(tmp_path, server.api_url, "blocks=1", "arms=clean,placebo", "run_id=rec")
+    assert first.returncode == 0, first.stderr
+    with FakeProcess(FakeConfig(ttft_ms=1, itl_ms=0, default_content=LS)) as server:
+        again = bench(tmp_path, server.api_url, "resume=rec", "recover=1")
+    assert again.returncode == 0, again.stderr
+    arms = [json.loads(line) for line in (tmp_path / "rec" / "arms.jsonl").read_text()
+            .splitlines() if line.strip()]
+    recovered = {a["arm"]: a for a in arms if a["attempt"] == "recovery"}
+    assert set(recovered) == {"clean", "placebo"}, [(a["arm"], a["attempt"]) for a in arms]
+    placebo = recovered["placebo"]["invariant"]
+    assert placebo["passed"] is True and "seed" in placebo["factor_fields"]
+    assert placebo["clean_sha256"] == recovered["clean"]["invariant"]["arm_sha256"] != (
+        placebo["arm_sha256"])

@@ -104,7 +104,7 @@ def replica_account(lines: Sequence[Mapping[str, Any]],
     span = (min(times), max(times))
     inside = [r for r in requests if r.ok and r.end_s is not None
               and span[0] <= r.end_s <= span[1]]
-    found = infer_replicas([r.to_json() for r in inside], lines)
+    found = infer_replicas([r.to_json() for r in inside], [dict(x) for x in lines])
     by_id = {r.request_id: r for r in inside}
     own: dict[str, list[RequestRecord]] = defaultdict(list)
     reasons: dict[str, int] = defaultdict(int)

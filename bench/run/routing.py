@@ -13,11 +13,16 @@ the others.
 
 from __future__ import annotations
 
+import functools
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Any, TextIO
 
 from compaction_bench.bench.run.config import BenchConfig, BenchError
@@ -138,30 +143,8 @@ def run_policies(config: BenchConfig, run_one: RunOne, *,
     base, plan = policy_runs(config)
     outcomes: dict[str, RunOutcome] = {}
     missing: dict[str, str] = {}
-    for policy, child in plan:
-        if outcomes and any(o.exit_code != ExitCode.OK for o in outcomes.values()):
-            missing[policy] = "not run: an earlier policy's run ended early"
-            continue
-        router = Router(RouterConfig(worker_urls=replicas, policy=policy, port=free_port(),
-                                     metrics_port=free_port(), ready_timeout_s=120.0),
-                        log_path=run_state_dir() / f"router-{base}-{policy}.log")
-        print(f"[bench] routing policy {policy}: vllm-router at {router.config.server_url} in "
-              f"front of {', '.join(replicas)}", file=stream, flush=True)
-        fields: dict[str, Any] = {"router": {"policy": policy, "url": router.config.server_url,
-                             "metrics_url": router.config.prometheus_url,
-                             "replicas": list(replicas), "log": str(router.log_path)},
-                  "routing": {"base": base, "policies": list(config.router_policy)}}
-        try:
-            router.start()
-            router.wait_ready()
-            fields["router"]["ready_s"] = router.ready_s
-            routed = child.model_copy(update={
-                "base_url": router.config.server_url, "replica_urls": replicas,
-                "router_metrics_url": router.config.prometheus_url})
-            outcomes[policy] = run_one(routed, lambda kind, p=policy, f=fields: Routed(
-                kind, p, f))
-        finally:
-            router.stop()
+    with _signals_interrupt():  # a router between runs is stopped by `finally`, never orphaned
+        _run_each(plan, replicas, base, config, run_one, outcomes, missing, stream)
     policies = sibling_policies(config, base)
     if not policies:
         return RoutedRuns(base, outcomes, missing)
@@ -179,6 +162,56 @@ def run_policies(config: BenchConfig, run_one: RunOne, *,
         missing["comparison"] = f"not written: {why.splitlines()[0]}"
         return RoutedRuns(base, outcomes, missing)
     return RoutedRuns(base, outcomes, missing, out, text)
+
+
+def _run_each(plan: list[tuple[str, BenchConfig]], replicas: tuple[str, ...], base: str,
+              config: BenchConfig, run_one: RunOne, outcomes: dict[str, RunOutcome],
+              missing: dict[str, str], stream: TextIO) -> None:
+    """Each policy's run through a router of its own, filling `outcomes` and `missing`."""
+    for policy, child in plan:
+        if any(o.exit_code != ExitCode.OK for o in outcomes.values()):
+            missing[policy] = "not run: an earlier policy's run ended early"
+            continue
+        router = Router(RouterConfig(worker_urls=replicas, policy=policy, port=free_port(),
+                                     metrics_port=free_port(), ready_timeout_s=120.0),
+                        log_path=run_state_dir() / f"router-{base}-{policy}.log")
+        print(f"[bench] routing policy {policy}: vllm-router at {router.config.server_url} in "
+              f"front of {', '.join(replicas)}", file=stream, flush=True)
+        fields: dict[str, Any] = {
+            "router": {"policy": policy, "url": router.config.server_url,
+                       "metrics_url": router.config.prometheus_url, "replicas": list(replicas),
+                       "log": str(router.log_path)},
+            "routing": {"base": base, "policies": list(config.router_policy)}}
+        try:
+            router.start()
+            router.wait_ready()
+            fields["router"]["ready_s"] = router.ready_s
+            routed = child.model_copy(update={
+                "base_url": router.config.server_url, "replica_urls": replicas,
+                "router_metrics_url": router.config.prometheus_url})
+            outcomes[policy] = run_one(routed, functools.partial(Routed, policy=policy,
+                                                                  fields=fields))
+        finally:
+            router.stop()
+
+
+@contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise KeyboardInterrupt (as Ctrl-C does) while no run's own handlers
+    are installed: between runs, while a router starts (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def routed_outcome(runs: RoutedRuns, results: Path) -> RunOutcome:

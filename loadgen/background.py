@@ -24,6 +24,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import time
@@ -81,7 +82,8 @@ class BackgroundConfig(BaseModel):
 
     Paths may be relative (resolved when the load starts). Unset: `histories` = the shipped
     study histories plus any `histories/<task>/clean.json`; `state_dir` = `<out's folder>/
-    background`; `block_file` = `<state_dir>/block`.
+    background`; `block_file` = `<state_dir>/block`; `workers_dir` = `<state_dir>/workers/
+    <start time>-<pid>`.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -110,6 +112,7 @@ class BackgroundConfig(BaseModel):
     histories: list[Path] = Field(default_factory=_default_histories)
     state_dir: Path | None = None
     block_file: Path | None = None
+    workers_dir: Path | None = None  # local workers' raw records (unset: one folder per start)
     seed: int = 0
     api_key_env: str | None = "API_KEY"  # the server's key is read from this variable, if set
     connect_timeout_s: float = Field(default=10.0, gt=0)
@@ -136,10 +139,13 @@ class BackgroundConfig(BaseModel):
     def resolved(self) -> BackgroundConfig:
         """Absolute paths and the defaults filled in (what the locust processes receive)."""
         state = (self.state_dir or self.out.parent / "background").resolve()
+        # a folder per start: a resumed run's load never meets an earlier start's records
+        started = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
         return self.model_copy(update={
             "out": self.out.resolve(), "state_dir": state,
             "histories": [h.resolve() for h in self.histories],
-            "block_file": (self.block_file or state / "block").resolve()})
+            "block_file": (self.block_file or state / "block").resolve(),
+            "workers_dir": (self.workers_dir or state / "workers" / started).resolve()})
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.model_dump_json(indent=1), encoding="utf-8")
@@ -219,7 +225,8 @@ class BackgroundLoad:
         self.stop_grace_s = stop_grace_s
         self.process: subprocess.Popen[bytes] | None = None
         self.log_path = self.state_dir / "locust.log"
-        self.workers_dir = self.state_dir / "workers"  # local workers' raw records
+        assert self.config.workers_dir is not None
+        self.workers_dir = self.config.workers_dir
         self.merged = False
 
     def start(self) -> BackgroundLoad:
@@ -232,7 +239,7 @@ class BackgroundLoad:
                 self.workers_dir.iterdir()):
             raise BackgroundLoadError(
                 f"{self.workers_dir} holds worker records of an earlier load: merge them "
-                "(compaction-bench load merge) or move the folder away")
+                "(compaction-bench load merge) or give the load another workers_dir")
         config_path = self.state_dir / "config.json"
         self.config.save(config_path)
         self.set_block(None)

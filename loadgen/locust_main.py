@@ -109,10 +109,13 @@ def _master(config: BackgroundConfig) -> int:
                                               "bind": config.master_host, "port": port})
     counters: dict[str, dict[str, float]] = {}
 
+    answered: dict[str, int] = {}
+
     def on_anchor(environment: Environment, msg: Any, **_: Any) -> None:
         back = time.monotonic()
         runner.send_message("anchor_back", {**msg.data, "master_back_s": back},
                             client_id=msg.node_id)
+        answered[msg.node_id] = answered.get(msg.node_id, 0) + 1
 
     def on_counters(environment: Environment, msg: Any, **_: Any) -> None:
         counters[msg.node_id] = msg.data
@@ -122,10 +125,10 @@ def _master(config: BackgroundConfig) -> int:
     runner.register_message("counters", on_counters)
     runner.register_message("setup_done", lambda environment, msg, **_: ready.add(msg.node_id))
     connect = "127.0.0.1" if config.master_host in ("0.0.0.0", "*") else config.master_host
-    assert config.state_dir is not None
+    assert config.workers_dir is not None, "the runner passes a resolved config"
     workers = [subprocess.Popen([sys.executable, "-m", "compaction_bench.loadgen.locust_main",
                                  "--worker", "--master", f"{connect}:{port}",
-                                 "--out", str(config.state_dir / "workers")])
+                                 "--out", str(config.workers_dir)])
                for _ in range(config.workers)]
     total = config.workers + config.remote_workers
     log.info("background master on %s:%d: waiting for %d local and %d remote workers", connect,
@@ -137,6 +140,10 @@ def _master(config: BackgroundConfig) -> int:
     _wait_for(lambda: len(ready) >= total, config.workers_wait_s,
               lambda: f"only {len(ready)} of {total} locust workers loaded the schedules")
     _anchor_pings(runner)  # with nothing else on the wire: the tightest anchors
+    # every answer back before the start, so each worker schedules with the anchor it keeps
+    _wait_for(lambda: sum(answered.values()) >= ANCHOR_PINGS * total, config.workers_wait_s,
+              lambda: f"only {sum(answered.values())} of {ANCHOR_PINGS * total} clock-anchor "
+              "pings answered")
     # the schedule's start, on the master's clock; each worker moves it onto its own
     runner.send_message("start", {"t0": time.monotonic() + 0.05})
     runner.start(config.users, spawn_rate=_locust_rate(config))

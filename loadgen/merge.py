@@ -20,8 +20,9 @@ other record of `requests.jsonl`.
 
 `merge_workers` checks before it writes anything: every worker stopped cleanly (its count is
 known), its file holds exactly that many records, no request id twice (within a worker, across
-workers, or already in the target file), each user's requests numbered without a gap, and each
-user (agent) on one worker only. Any failure is one `MergeError` line naming the file.
+workers, or merged from this worker before: ids alone repeat when a resumed run starts its load
+again), each user's requests numbered without a gap, and each user (agent) on one worker only.
+Any failure is one `MergeError` line naming the file.
 """
 
 from __future__ import annotations
@@ -168,8 +169,9 @@ def merge_workers(folders: list[Path], out: Path, *, allow_unfinished: bool = Fa
     if expected_workers is not None and len(workers) != expected_workers:
         raise MergeError(f"{', '.join(str(f) for f in folders)}: {len(workers)} workers' "
                          f"records, {expected_workers} expected (a worker's files are missing)")
-    taken = {r.get("request_id") for r in read_jsonl(out).objects
-             if r.get("source") == "background"}
+    # (worker, id) already merged; ids alone repeat across a resumed run's starts of the load
+    taken = {((r.get("labels") or {}).get("worker"), r.get("request_id"))
+             for r in read_jsonl(out).objects if r.get("source") == "background"}
     seen: dict[str, Path] = {}
     owner: dict[int, Path] = {}
     merged: list[MergedWorker] = []
@@ -181,7 +183,7 @@ def merge_workers(folders: list[Path], out: Path, *, allow_unfinished: bool = Fa
         numbers: dict[int, list[int]] = defaultdict(list)
         for line, record in rows:
             where = f"{files.raw}: line {line}"
-            if record.request_id in taken:
+            if (files.name, record.request_id) in taken:
                 raise MergeError(f"{where}: {record.request_id} is already in {out} (this "
                                  "worker was merged before?); nothing was merged")
             if record.request_id in seen:

@@ -96,6 +96,9 @@ def test_the_same_record_in_two_workers_or_merged_twice_is_refused(tmp_path: Pat
     with pytest.raises(MergeError, match=r"bg-0-0 is already in .*merged before"):
         merge_workers([a], out)
     assert len(read_jsonl(out).objects) == 1
+    # a resumed run's next start of the load numbers its users from 0 again: not a duplicate
+    merge_workers([_worker(tmp_path / "later", "later", [(0, 0, 9.0)])], out)
+    assert [r["request_id"] for r in read_jsonl(out).objects] == ["bg-0-0", "bg-0-0"]
 
 
 def test_an_agent_split_across_workers_is_refused(tmp_path: Path) -> None:

@@ -66,7 +66,7 @@ def test_two_workers_make_one_merged_run_with_no_record_lost_or_duplicated(
     # one host, one monotonic clock: the true offset is 0, which the anchor must bracket
     anchors = read_jsonl(run / "background" / "merges.jsonl").objects
     assert len(anchors) == 2
-    assert all(abs(a["offset_s"]) <= a["precision_s"] < 0.05 for a in anchors)
+    assert all(abs(a["offset_s"]) <= a["precision_s"] < 1.0 for a in anchors)
 
     rows = read_jsonl(run / "requests.jsonl").objects
     written = sum(int(json.loads(p.read_text())["records"])
@@ -86,10 +86,11 @@ def test_two_workers_make_one_merged_run_with_no_record_lost_or_duplicated(
         numbers = sorted(int(str(r["request_id"]).rsplit("-", 1)[1]) for r in rs)
         assert numbers == list(range(len(numbers))), user
     # one timeline: user i is planned at i / spawn_rate, whichever worker (clock) it ran on;
-    # consecutive users sit on different workers, so this checks the anchor to a few ms
+    # consecutive users sit on different workers: each worker placed the schedule's start on
+    # its clock with the anchor the merge uses, so the plan comes back exact
     firsts = [min(float(r["intended_send_s"]) for r in by_user[u]) for u in range(6)]  # type: ignore[arg-type]
     steps = [b - a for a, b in itertools.pairwise(firsts)]
-    assert steps == pytest.approx([1 / 12] * 5, abs=0.005)
+    assert steps == pytest.approx([1 / 12] * 5, abs=1e-6)
     assert 0 <= firsts[0] < 30
     ok = [r for r in rows if r["status"] == "ok"]
     assert ok and all(float(r["sent_s"]) >= float(r["intended_send_s"]) - 0.01  # type: ignore[arg-type]

@@ -193,13 +193,16 @@ def write_check(config: PlanConfig, check_runs: list[Path], replicas: int | None
     return out / CHECK_MD, out / CHECK_JSON, rows
 
 
-def checked_under(run_dir: Path) -> str:
-    """plan.md's line on what the GPU counts assume about the router."""
+def checked_under(run_dir: Path, planned: dict[str, int] | None = None) -> str:
+    """plan.md's line on what the GPU counts assume about the router; `planned`: per arm, the
+    planned fleet for two replicas (the check's SWEEP_LEVELS)."""
     path = run_dir / CHECK_JSON
     if not path.is_file():
+        levels = ", ".join(f"{arm} {n}" for arm, n in (planned or {}).items())
         return ("GPU counts assume that replicas behind a router each carry one measured "
                 "replica's agents; unchecked: measure it with `make plan-check PLAN=<this run> "
-                "RUNS=\"<sweep through the router>...\"`.")
+                "RUNS=\"<sweep through the router>...\"`" + (
+                    f" (the planned fleet for 2 replicas: {levels})" if levels else "") + ".")
     document = json.loads(path.read_text(encoding="utf-8"))
     parts = []
     for policy in document.get("policies") or []:

@@ -177,7 +177,8 @@ def _routing(plan: Plan) -> str:
     """What the GPU counts assume about a router in front of several replicas."""
     from compaction_bench.plan.check import checked_under
 
-    return checked_under(plan.observations.path)
+    planned = {arm: 2 * cap.agents for arm, cap in plan.capacity.items() if cap.agents}
+    return checked_under(plan.observations.path, planned)
 
 
 def _levels(plan: Plan) -> list[str]:

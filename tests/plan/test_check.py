@@ -70,8 +70,9 @@ def test_the_files_and_the_policy_line_in_plan_md(truth: Any,
     from compaction_bench.plan.planner import write_plan
 
     write_plan(config)
-    assert "unchecked: measure it with `make plan-check" in (
-        config.run_dir / "plan.md").read_text()
+    unchecked = (config.run_dir / "plan.md").read_text()
+    assert "unchecked: measure it with `make plan-check" in unchecked
+    assert f"(the planned fleet for 2 replicas: clean {planned}, self " in unchecked
     markdown, document, _ = write_check(config, checks[:1])
     data = json.loads(document.read_text())
     assert data["schema"] == "compbench.plan_check" and data["policies"] == ["round_robin"]

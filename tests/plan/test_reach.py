@@ -56,9 +56,9 @@ def test_the_slo_bounds_the_wall_time_with_inline_rewriting(
 def test_capacity_past_the_extrapolation_limit_is_a_bound_not_a_number(
         truth: Any, make_sweep: Callable[..., Path]) -> None:
     """The 15x case: a curve that bends up past the measured levels (1-8 agents) extrapolated
-    as its last segment's line put the SLO at about 120 agents, 15x the largest level, where
-    the truth is 41.5. With the limit (2x the largest level) the plan says '> 16' and plans
-    GPUs as an upper bound, never the number."""
+    as its last segment's line put the SLO at 108 agents (13x the largest level, interval
+    [78, 183]; measured on the old code), where the truth is 41.5. With the limit (2x the
+    largest level) the plan says '> 16' and plans GPUs as an upper bound, never the number."""
     bent = type(truth)(a=20.0, b=0.2, c=0.05, sigma=0.1)
     slo = 130.0
     assert abs(bent.agents_at(slo, 0.9) - 41.5) < 0.1

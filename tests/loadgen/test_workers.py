@@ -11,6 +11,7 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -74,7 +75,7 @@ def test_two_workers_make_one_merged_run_with_no_record_lost_or_duplicated(
     ids = [r["request_id"] for r in rows]
     assert len(ids) == len(set(ids)) == written > 6  # none lost, none duplicated
     assert [r["sent_s"] for r in rows] == sorted(r["sent_s"] for r in rows)
-    by_user: dict[int, list[dict[str, object]]] = defaultdict(list)
+    by_user: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         by_user[r["labels"]["user"]].append(r)
     assert set(by_user) == set(range(6))
@@ -88,13 +89,12 @@ def test_two_workers_make_one_merged_run_with_no_record_lost_or_duplicated(
     # one timeline: user i is planned at i / spawn_rate, whichever worker (clock) it ran on;
     # consecutive users sit on different workers: each worker placed the schedule's start on
     # its clock with the anchor the merge uses, so the plan comes back exact
-    firsts = [min(float(r["intended_send_s"]) for r in by_user[u]) for u in range(6)]  # type: ignore[arg-type]
+    firsts = [min(float(r["intended_send_s"]) for r in by_user[u]) for u in range(6)]
     steps = [b - a for a, b in itertools.pairwise(firsts)]
     assert steps == pytest.approx([1 / 12] * 5, abs=1e-6)
     assert 0 <= firsts[0] < 30
     ok = [r for r in rows if r["status"] == "ok"]
-    assert ok and all(float(r["sent_s"]) >= float(r["intended_send_s"]) - 0.01  # type: ignore[arg-type]
-                      for r in ok)
+    assert ok and all(float(r["sent_s"]) >= float(r["intended_send_s"]) - 0.01 for r in ok)
     assert any(r["block"] == 7 for r in rows)
 
 

@@ -215,7 +215,8 @@ class Search:
             ran: list[tuple[str, Step, int]] = []
             for name in [todo[i] for i in rng.permutation(len(todo))]:
                 step = steps[name]
-                got, cell_pass, cut = self._cell(session, arms[name], step, writer, cells_out)
+                got, cell_pass, cut = self._cell(session, arms[name], step, writer, cells_out,
+                                                 reference=arms.get(REFERENCE))
                 records += got
                 if cut is not None or session.stop.stopped:
                     return records, cut
@@ -243,9 +244,11 @@ class Search:
         return records, None
 
     def _cell(self, session: Session, arm: Arm, step: Step, writer: RunWriter,
-              cells_out: JsonlWriter) -> tuple[list[ArmRecord], int, str | None]:
+              cells_out: JsonlWriter, *, reference: Arm | None
+              ) -> tuple[list[ArmRecord], int, str | None]:
         """The step's cell, from the record or run now: (new records, its pass, why the search
-        stops here or None)."""
+        stops here or None). `reference`: clean's arm, the invariant's reference for every
+        arm's cell (an arm checked against itself would pass by construction)."""
         confirm = step.kind == "confirm"
         line = self.found.lines.get((arm.name, step.level, confirm))
         if line is not None:
@@ -259,7 +262,7 @@ class Search:
         assert session.settings is not None
         outcome = run_cell(arm, step.level, settings=session.settings, sweep=sweep,
                            writer=writer, cell_pass=cell_pass,
-                           stopped=lambda: session.stop.stopped)
+                           stopped=lambda: session.stop.stopped, reference=reference)
         self.found.passes[(arm.name, step.level)] = cell_pass
         if session.stop.stopped:  # the cut cell gets no line: RESUME runs it again
             return outcome.records, cell_pass, None

@@ -74,6 +74,9 @@ def test_search_finds_the_known_capacity_and_agrees_with_a_full_sweep(
     assert {(c["arm"], c["level"], c["cell_pass"], c["search_step"]) for c in cells} >= {
         ("clean", 2, 2, "confirm"), ("clean", 3, 2, "confirm"), ("clean", 4, 1, "probe")}
     assert "clean: 2 agents" in searched.stderr
+    # every external cell's invariant was checked against clean's history, never itself
+    external = [a["invariant"] for a in lines(run / "arms.jsonl") if a["arm"] == "external"]
+    assert external and all(i["clean_sha256"] != i["arm_sha256"] for i in external), external[0]
 
     swept = bench(tmp_path, fake.api_url, "regime=sweep", "sweep.levels=1,2,3,4", "run_id=w")
     assert swept.returncode == 0, swept.stderr[-3000:]

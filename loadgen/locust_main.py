@@ -282,14 +282,17 @@ def _anchor_pings(runner: Any) -> None:
 
 
 def _relay_blocks(runner: Runner, path: Path | None) -> None:
-    """Send the block number to workers whenever the bench changes it (remote workers cannot
-    read the block file)."""
-    last: object = object()
+    """Send the block number to workers whenever the bench changes it (a worker on another
+    host has no block file; one on this host reads the file itself, exact at each send). The
+    relayed number lags the file by up to BLOCK_POLL_S plus the message's transit."""
+    last: int | None = None
+    sent = False
     while True:
-        block = _current_block(path)
-        if block != last:
-            runner.send_message("block", {"block": block})
-            last = block
+        if path is None or path.exists():  # no file: no news, the last number stands
+            block = _current_block(path, last)
+            if block != last or not sent:
+                runner.send_message("block", {"block": block})
+                last, sent = block, True
         gevent.sleep(BLOCK_POLL_S)
 
 

@@ -74,8 +74,7 @@ class BackgroundAgent(User):
     api_key: ClassVar[str | None] = None
     shift_s: ClassVar[float] = 0.0  # subtracted from record times (0: raw, on a worker)
     written: ClassVar[int] = 0  # records written by this process
-    block: ClassVar[int | None] = None  # from the master, where the block file is not here
-    read_block_file: ClassVar[bool] = True
+    block: ClassVar[int | None] = None  # relayed by the master: where the block file is not
     _spawned: ClassVar[itertools.count[int]] = itertools.count()
 
     def __init__(self, environment: Environment) -> None:
@@ -96,7 +95,6 @@ class BackgroundAgent(User):
         cls.writer = JsonlWriter(config.out)
         cls.processes = config.processes
         cls.shift_s = 0.0 if raw else config.origin
-        cls.read_block_file = bool(config.block_file and Path(config.block_file).exists())
         # The key comes from the environment, never from the config file in the run folder.
         cls.api_key = os.environ.get(config.api_key_env) if config.api_key_env else None
 
@@ -134,8 +132,8 @@ class BackgroundAgent(User):
                           intended_send_s=due, api_key=self.api_key,
                           session_id=f"bg-{self.slot}-c{cycle}")
         identity = {"regime": config.regime, "source": "background",
-                    "block": _current_block(config.block_file) if self.read_block_file
-                    else self.block, "history": turn.history,
+                    "block": _current_block(config.block_file, self.block),
+                    "history": turn.history,
                     "turn": turn.turn, "cycle": cycle, "user": self.slot, "cache_salt": salt,
                     "max_tokens": turn.max_tokens, "max_tokens_source": turn.max_tokens_source}
         counters = self.counters
@@ -190,12 +188,13 @@ def _sleep_until(due: float) -> None:
         gevent.sleep(delay)
 
 
-def _current_block(path: Path | None) -> int | None:
-    """The block number the bench wrote to `path` (empty or missing file: outside blocks)."""
+def _current_block(path: Path | None, missing: int | None = None) -> int | None:
+    """The block number the bench wrote to `path` (empty file: outside blocks); `missing` where
+    there is no such file here (a worker on another host: the number the master relayed)."""
     if not path:
-        return None
+        return missing
     try:
         text = path.read_text(encoding="utf-8").strip()
     except OSError:
-        return None
+        return missing
     return int(text) if text.lstrip("-").isdigit() else None

@@ -49,7 +49,13 @@ def test_two_workers_make_one_merged_run_with_no_record_lost_or_duplicated(
             status = load.wait_steady(timeout_s=90)
             assert status.users == 6 and status.started == 6  # counters relayed by workers
             load.set_block(7)
-            time.sleep(2.0)
+            time.sleep(1.0)
+            # as on another host: no block file where the workers look; the master relays
+            # the last number it read (7), so records sent from now on still carry it
+            assert load.config.block_file is not None
+            load.config.block_file.unlink()
+            unlinked = time.monotonic() - config.origin
+            time.sleep(1.5)
         # the master's quit reaches the workers; each writes its count and ends
         assert [w.wait(timeout=60) for w in workers] == [0, 0]
     finally:
@@ -96,6 +102,8 @@ def test_two_workers_make_one_merged_run_with_no_record_lost_or_duplicated(
     ok = [r for r in rows if r["status"] == "ok"]
     assert ok and all(float(r["sent_s"]) >= float(r["intended_send_s"]) - 0.01 for r in ok)
     assert any(r["block"] == 7 for r in rows)
+    relayed = [r for r in rows if float(r["sent_s"]) > unlinked + 0.1]
+    assert relayed and all(r["block"] == 7 for r in relayed)
 
 
 def test_each_background_user_sends_its_own_lasting_cache_salt(fake: FakeProcess,

@@ -87,9 +87,9 @@ def replica_sections(analysis: RunAnalysis) -> list[Section]:
     section = Section("Replicas behind the router")
     if isinstance(router, dict):
         section.add(Paragraph(
-            f"Routing policy: {router.get('policy', 'not stated')} (vllm-router started by the "
-            f"bench at {router.get('url', '?')} in front of "
-            f"{len(router.get('replicas') or [])} replicas; retries off)."))
+            f"Routing policy: {router.get('policy', 'not stated')} (the router at "
+            f"{router.get('url', '?')}, started by {router.get('started_by', 'the bench')}, in "
+            f"front of {len(router.get('replicas') or [])} replicas)."))
     if account is None:
         section.add(Paragraph("No replica_metrics.jsonl lines: the replicas' /metrics were not "
                               "scraped, so there are no per-replica figures."))

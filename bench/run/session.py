@@ -257,7 +257,7 @@ def _setup(session: Session, stack: ExitStack, prints: dict[str, Any], kind: Run
                          "structured_text": model.structured_text, "selfcheck": check,
                          "sandbox": prints["sandbox"] if session.sandbox else {
                              "level": "not needed", "why": "replay runs no agent commands"},
-                         **replay_manifest, **extra})
+                         **replay_manifest, **_router(config), **extra})
         write_json(session.run_dir / "manifest.json", manifest)
         session.manifest = manifest
     session.settings = BlockSettings(
@@ -270,3 +270,12 @@ def _setup(session: Session, stack: ExitStack, prints: dict[str, Any], kind: Run
         run_salt=f"{session.run_id}-{session.origin:.6f}",
         replay_wire=wire_options(profile) if replaying else None,
         records=tuple(replay_manifest["replay"]["records"]) if replaying else ())
+
+
+def _router(config: BenchConfig) -> dict[str, Any]:
+    """The manifest's `router` where the run goes through one it did not start (a per-policy
+    run's own, from bench/run/routing.py, replaces it)."""
+    from compaction_bench.bench.run.routing import measured_router
+
+    found = measured_router(config)
+    return {"router": found} if found else {}

@@ -9,7 +9,12 @@ from pathlib import Path
 import pytest
 
 from compaction_bench.bench.run.config import BenchConfig, BenchError
-from compaction_bench.bench.run.routing import fleet_replicas, policy_runs, sibling_policies
+from compaction_bench.bench.run.routing import (
+    fleet_replicas,
+    measured_router,
+    policy_runs,
+    sibling_policies,
+)
 from compaction_bench.bench.runfolder import write_json
 
 POLICIES = ("round_robin", "consistent_hash")
@@ -72,3 +77,27 @@ def test_resume_continues_each_policys_folder_or_the_one_named(tmp_path: Path) -
     with pytest.raises(BenchError, match="RESUME=plain is a run on one server"):
         policy_runs(_config(tmp_path, resume="plain"))
     assert sibling_policies(_config(tmp_path), "rt") == ["round_robin"]
+
+
+def test_a_run_through_make_serves_router_records_its_policy() -> None:
+    import os
+
+    from compaction_bench.serve.process import pid_file, write_pid_file
+
+    try:
+        write_pid_file(18296, {"pid": os.getpid(), "pgid": os.getpid(), "port": 18296,
+                               "router": {"policy": "cache_aware",
+                                          "metrics_url": "http://127.0.0.1:19296",
+                                          "replicas": [{"url": "http://127.0.0.1:18294"},
+                                                       {"url": "http://127.0.0.1:18295"}]}})
+        found = measured_router(BenchConfig(port=18296))
+    finally:  # this test's own pid: no `stop` may ever find it
+        pid_file(18296).unlink(missing_ok=True)
+    assert found == {"policy": "cache_aware", "url": "http://127.0.0.1:18296",
+                     "replicas": ["http://127.0.0.1:18294", "http://127.0.0.1:18295"],
+                     "metrics_url": "http://127.0.0.1:19296",
+                     "started_by": "make serve REPLICAS=2 on port 18296"}
+    elsewhere = measured_router(BenchConfig(base_url="http://k8s:80",
+                                            replica_urls=("http://pod-a:8000",)))
+    assert elsewhere is not None and elsewhere["policy"].startswith("not known")
+    assert measured_router(BenchConfig(port=18296)) is None  # one server: no router

@@ -131,7 +131,9 @@ class BackgroundConfig(BaseModel):
 
     def user_salt(self, slot: int) -> str:
         """User `slot`'s cache_salt: the same for all its requests (its own prefix hits), and
-        different from every other user's (64 users cost the server what 64 agents do)."""
+        different from every other user's (64 users cost the server what 64 agents do).
+        The run's part: `cache_salt`, else a `cache_salt` in `replay.extra_body` (once shared
+        by all users), else `bg-<seed>-<origin>`."""
         run = self.cache_salt or self.replay.extra_body.get("cache_salt") or (
             f"bg-{self.seed}-{self.origin:.6f}")
         return f"{run}-bg{slot}"

@@ -50,6 +50,11 @@ def comparison_document(analyses: Sequence[RunAnalysis]) -> Document:
     rows = [
         ("profile", "", *(str(a.records.manifest.get("profile", "not stated")) for a in analyses)),
     ]
+    routers = [a.records.manifest.get("router") for a in analyses]
+    if any(isinstance(r, dict) for r in routers):  # runs through a router: which policy
+        rows.append(("router policy", "", *(
+            str(r.get("policy", "not stated")) if isinstance(r, dict) else "one server"
+            for r in routers)))
     for name in names:
         found = [a.primary.get(name) for a in analyses]
         rows.append((name, "clean median", *(

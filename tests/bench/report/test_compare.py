@@ -20,6 +20,18 @@ def test_compares_matching_runs(make_run: Callable[..., Path], tmp_path: Path) -
     assert "| Regime | Arm | run-a | run-b |" in text
     assert "| shared | clean median | — |" in text
     assert "(n=6); faster 6/6" in text
+    assert "router policy" not in text  # neither ran through a router
+
+
+def test_runs_through_routers_show_their_policy(make_run: Callable[..., Path]) -> None:
+    import json
+
+    a = make_run("rt-round_robin", regimes=("dedicated",), blocks=2, serving=False)
+    b = make_run("plain", regimes=("dedicated",), blocks=2, serving=False)
+    manifest = json.loads((a / "manifest.json").read_text())
+    (a / "manifest.json").write_text(json.dumps({**manifest, "router": {
+        "policy": "round_robin"}}))
+    assert "| router policy |  | round_robin | one server |" in compare_runs([a, b])
 
 
 def test_refuses_mismatched_arms(make_run: Callable[..., Path]) -> None:

@@ -102,7 +102,11 @@ def run_telemetry(config: BenchConfig, url: str, run_dir: Path, origin: float, u
             regime=config.regime, out=run_dir / "requests.jsonl", origin=origin,
             workers=config.locust_workers, seed=config.seed, replay=replay,
             spawn_rate=max(1.0, users / 10), max_model_len=profile.engine_args.max_model_len,
-            state_dir=run_dir / "background", duration_s=None)))
+            state_dir=run_dir / "background", duration_s=None,
+            # each background user's cache salt is this run's (the run id and its clock
+            # origin, as the arms' salts) plus the user's slot: its own prefix hits, no other
+            # user's does, so N users cost what N agents do
+            cache_salt=f"{run_dir.name}-{origin:.6f}-bg")))
         load.wait_steady(timeout_s=600)
         yield Telemetry(sampler, stack.enter_context(
             LoadMonitor(load, run_dir / "load.jsonl", origin)))

@@ -99,6 +99,10 @@ def test_overloaded_block_queues_requests(cpu_server: Server, tmp_path: Path) ->
     background = [r for r in lines(run / "requests.jsonl") if r["source"] == "background"]
     assert any(r["status"] == "ok" and r["block"] == 1 for r in background)
     assert all(r["intended_send_s"] is not None for r in background)
+    # each background user has its own cache salt, this run's: N users cost what N agents do
+    salts = {(r["labels"]["user"], r["labels"]["cache_salt"]) for r in background}
+    assert all(salt.startswith("ovl-") for _, salt in salts), salts
+    assert len({salt for _, salt in salts}) == len({user for user, _ in salts}) > 1, salts
     waiting = [m.get("num_requests_waiting") or 0 for m in lines(run / "metrics.jsonl")]
     assert max(waiting) > 0  # the overload is real: requests queued on the server
     summary = json.loads((run / "summary.json").read_text())

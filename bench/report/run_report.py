@@ -200,8 +200,14 @@ def _block_row(analysis: RunAnalysis, block: BlockStatus) -> tuple[str, ...]:
         status = "sensitivity only (recovery: " + ", ".join(block.substituted) + ")"
     else:
         status = "not used"
+    # each original attempt's base sampling seed: the placebo's must differ from clean's (an
+    # A/A), and under SEEDS=common the other arms share clean's
+    seeds = ", ".join(f"{r.arm} {r.seed}" for r in sorted(
+        (r for r in records if r.attempt == "original" and r.seed is not None),
+        key=lambda r: analysis.arms.index(r.arm) if r.arm in analysis.arms else 99)
+    ) or "not recorded"
     return (block.regime, str(block.block), ", ".join(block.order) or "not recorded", *cells,
-            status)
+            seeds, status)
 
 
 def _token_cell(change: PairedChange) -> str:
@@ -308,9 +314,11 @@ def build_document(analysis: RunAnalysis, images: Mapping[str, bytes | None]) ->
         "turns' own (the served model only fills the forced lengths)."))
     per_block = Section("Per-block records").add(Table(
         ("Regime", "Block", "Start order",
-         *(f"{arm_label(analysis, a)} postfork" for a in analysis.arms), "Use"),
+         *(f"{arm_label(analysis, a)} postfork" for a in analysis.arms), "Sampling seeds",
+         "Use"),
         tuple(_block_row(analysis, b) for b in analysis.blocks),
-        "Changes in parentheses are against the same block's clean arm."))
+        "Changes in parentheses are against the same block's clean arm. Sampling seeds: each "
+        "arm's base seed in the block (request k sends seed + k)."))
     return Document(f"Run report: {analysis.run_id}", (
         run, primary, *(replay_sections(replay, analysis.arms) if replay else ()),
         sensitivity, failures, rewrite, tokens, *policy_sections(analysis),

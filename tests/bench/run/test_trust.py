@@ -90,6 +90,8 @@ def test_blocks_are_independent_repeats_with_recorded_seeds(target: FakeProcess,
     assert set(summary["noise"]["false_positive"]) == {"3"}
     report = (run / "report.md").read_text()
     assert "## What these numbers can say" in report and "Placebo arm" in report
+    for b in (1, 2, 3):  # the report shows each block's seeds: the placebo's its own
+        assert f"clean {seeds[(b, 'clean')]}, placebo {seeds[(b, 'placebo')]}" in report
     # the harness's own share: every block at least as long as its slowest arm, and the
     # invocation's wall time split into server start, blocks and the rest
     phases = {p["phase"] for p in lines(run / "phases.jsonl")}

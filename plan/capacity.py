@@ -21,8 +21,8 @@ waits count against it (issue 22).
 Extrapolation has a limit: past `extrapolation` x the largest measured level, N at the SLO is
 "beyond measured range: > reach" (inf in the figures, `beyond` set), never a number, and GPUs
 needed are an upper bound. Intervals of N and agents include the curve's own error: the
-bootstrap's interval widened to the band of its leave-one-level-out residuals
-(plan.curve.model_error), which grows with the distance past the largest level.
+bootstrap's interval widened by, per resample, the band of the top level's leave-one-level-out
+residual (plan.curve.ModelError), which grows with the distance past the largest level.
 
 Failed continuations count as SLO misses (issue 22): a failed task gave the agent nothing, so
 it ranks above every complete one. A level whose failed share exceeds 1 - q cannot meet the
@@ -51,8 +51,9 @@ from compaction_bench.common.resampling import interval, smoothed
 from compaction_bench.common.resampling import quantile as hd_quantile
 from compaction_bench.plan.curve import (
     CurveBatch,
+    ModelError,
     MonotoneCurve,
-    largest_meeting,
+    largest_meeting_batch,
     leave_one_level_out,
     model_error,
 )
@@ -136,7 +137,7 @@ class ArmCapacity:
     reach: float = math.inf  # the extrapolation limit: N beyond it is "> reach", never a number
     beyond: float | None = None  # capacity lies past the reach (agents None): the reach
     n_slo_beyond: bool = False  # n_slo is inf because the SLO is met past the reach
-    model_error: tuple[float, float] = (0.0, 0.0)  # plan.curve.model_error
+    model_error: ModelError = field(default_factory=ModelError)  # plan.curve
     slo_time: str = "wall"  # the time the SLO bounds (plan.settings)
 
     @property
@@ -346,15 +347,22 @@ def _arm(arm: str, levels: list[Level], excluded: list[Level], quantiles: np.nda
         usable.any()) else cycle_arr[usable]
     # model error: the bootstrap interval widened to the band of the curve's own residuals
     band = model_error(lolo, x)
-    edges = [_within(largest_meeting(curve, slo_s, band, sign, reach), below_failures, reach)
-             for sign in (1, -1)]
-    model_n = [0.0 if e is None else e for e in edges]
-    model_agents = [capped(e, kv_cap, seq_cap, failures)[0] for e in edges]
-    model_agents = [math.inf if a > reach else a for a in model_agents]
+    # each resample's curve at the pessimistic and the optimistic edge of the band
+    batch = CurveBatch(x, qs, weights)
+    edges = [np.minimum(largest_meeting_batch(batch, slo_reps, band, sign, reach),
+                        np.minimum(row_caps, below_failures)) for sign in (1, -1)]
+    edge_agents = [np.array([capped(None if math.isnan(v) else float(v), kv_cap, seq_cap,
+                                    failures)[0] for v in e]) for e in edges]
+    edge_agents = [np.where(np.minimum(a, row_caps) > reach, np.inf, np.minimum(a, row_caps))
+                   for a in edge_agents]
     n_low, n_high = interval(np.where(np.isnan(n_arr), 0.0, n_arr), config.confidence)
-    n_ci = (min(n_low, model_n[0]), max(n_high, model_n[1]))  # none: 0
+    n_ci = (min(n_low, interval(np.where(np.isnan(edges[0]), 0.0, edges[0]),
+                                config.confidence)[0]),
+            max(n_high, interval(np.where(np.isnan(edges[1]), 0.0, edges[1]),
+                                 config.confidence)[1]))  # none: 0
     low, high = interval(agents_arr, config.confidence)
-    low, high = min(low, model_agents[0]), max(high, model_agents[1])
+    low = min(low, interval(edge_agents[0], config.confidence)[0])
+    high = max(high, interval(edge_agents[1], config.confidence)[1])
     whole = None if math.isinf(agents) else int(agents)
     return ArmCapacity(
         arm=arm, levels=levels, quantiles=quantiles,

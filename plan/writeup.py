@@ -106,9 +106,9 @@ def _capacity(plan: Plan, document: dict[str, Any]) -> list[str]:
               "The plan extrapolates at most "
               f"{plan.config.extrapolation:g}x the largest measured level: past that, *> N* "
               "(beyond measured range), never a number. Intervals of N and agents include the "
-              "curve's own error: the bootstrap's interval widened to the band of its "
-              "leave-one-level-out residuals, which grows with the distance past the largest "
-              "level (plan/curve.py `model_error`).", "", _routing(plan)]
+              "curve's own error: past the largest level, each resample's curve is widened by "
+              "the band of the top level's leave-one-level-out residual, growing with the "
+              "distance (plan/curve.py `ModelError`).", "", _routing(plan)]
     lines += [f"- {arm}: N={lv.level} left out of the fit: "
               + ("every continuation failed" if lv.n == 0 else
                  f"{lv.failed}/{lv.n_all} failed, so its p"

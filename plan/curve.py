@@ -225,7 +225,8 @@ class ModelError:
         d = np.maximum(np.asarray(distance, dtype=float), 0.0)
         if self.gap <= 0:
             return np.zeros(d.shape)
-        return self.top * d * (d + self.gap) / (self.gap * (self.gap + self.prev_gap))
+        return np.asarray(self.top * d * (d + self.gap) / (self.gap * (self.gap + self.prev_gap)),
+                          dtype=float)
 
 
 def model_error(lolo: Sequence[dict[str, float | bool]], levels: Sequence[float]

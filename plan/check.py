@@ -2,10 +2,10 @@
 `compaction-bench plan-check PLAN_RUN CHECK_RUN...` (`make plan-check`).
 
 PLAN_RUN is a one-replica sweep, the plan's source. Each CHECK_RUN is a sweep run through vLLM's
-router in front of R replicas (its manifest names them: config `replica_urls`, or the
-per-replica self-checks; and the routing policy: config `router_policy`, one per run folder
-`<run-id>-<policy>`), at the planned fleet for R replicas (`SWEEP_LEVELS=<R x agents per
-replica>`). Per check run, arm and level N:
+router in front of R replicas (its manifest names them: `router.replicas`, config
+`replica_urls`, or the per-replica self-checks; and the routing policy: `router.policy`, else
+config `router_policy`, one per run folder `<run-id>-<policy>`), at the planned fleet for R
+replicas (`SWEEP_LEVELS=<R x agents per replica>`). Per check run, arm and level N:
 
 - predicted: the one-replica curve of the plan (the same SLO quantile of the same time, plan.
   settings `slo_time`) at N / R agents per replica, i.e. the plan's own assumption that a
@@ -79,12 +79,14 @@ class CheckRow:
 def fleet_of(obs: Observations, replicas: int | None = None) -> Fleet:
     """The check run's replicas and routing policy, from its manifest (module docstring)."""
     config = obs.manifest.get("config") or {}
-    urls = config.get("replica_urls") or []
+    router = obs.manifest.get("router") if isinstance(obs.manifest.get("router"), dict) else {}
+    urls = router.get("replicas") or config.get("replica_urls") or []
     check = obs.manifest.get("selfcheck") or {}
     found = len(urls) or len(check.get("replicas") or {}) or replicas or None
     policies = [str(p) for p in config.get("router_policy") or []]
     named = [p for p in policies if obs.path.name.endswith(f"-{p}")]
-    policy = (policies[0] if len(policies) == 1 else named[0] if named else
+    policy = (str(router["policy"]) if router.get("policy") else policies[0]
+              if len(policies) == 1 else named[0] if named else
               "not recorded (BASE_URL as it was)")
     return Fleet(found, policy)
 

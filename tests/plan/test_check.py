@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from compaction_bench.plan.check import check_plan, fleet_of, write_check
+from compaction_bench.plan.check import Fleet, check_plan, fleet_of, write_check
 from compaction_bench.plan.observations import observe
 from compaction_bench.plan.planner import build_plan
 from compaction_bench.plan.settings import PlanConfig, PlanError
@@ -92,6 +92,12 @@ def test_the_policy_and_replicas_come_from_the_manifest(
     fleet = fleet_of(observe(run))
     assert fleet.policy == "cache_aware" and fleet.replicas is None
     assert fleet_of(observe(run), replicas=3).replicas == 3
+    served = make_sweep("served", levels=(2,))
+    manifest = json.loads((served / "manifest.json").read_text())
+    manifest["router"] = {"policy": "consistent_hash", "replicas": URLS,
+                          "started_by": "make serve REPLICAS=2 on port 18400"}
+    (served / "manifest.json").write_text(json.dumps(manifest))
+    assert fleet_of(observe(served)) == Fleet(2, "consistent_hash")
     with pytest.raises(PlanError, match=r"manifest.json: names no replicas.*--replicas"):
         check_plan(_config(make_sweep("plan", levels=(1, 2, 4)), 60.0), [run])
 

@@ -4,8 +4,8 @@ number is seconds) or `p<q>:<factor>x` (at most `factor` times the reference arm
 percentile at its lowest measured level: "an agent in the fleet may take at most twice as long
 as alone", `p90:2x`).
 
-The grammar is the plan's (plan/settings.py has its own copy with the plan's error type); it is
-here so the bench, which must not import the plan, reads an SLO the same way.
+The grammar's one home: the bench (which must not import the plan) and the plan
+(plan/settings.py, which raises its own error type) both read an SLO here.
 """
 
 from __future__ import annotations

@@ -49,6 +49,7 @@ import numpy as np
 
 from compaction_bench.common.resampling import interval, smoothed
 from compaction_bench.common.resampling import quantile as hd_quantile
+from compaction_bench.common.slo import Slo
 from compaction_bench.plan.curve import (
     CurveBatch,
     ModelError,
@@ -58,7 +59,7 @@ from compaction_bench.plan.curve import (
     model_error,
 )
 from compaction_bench.plan.observations import SWEEP, Continuation, Engine, Observations
-from compaction_bench.plan.settings import PlanConfig, PlanError, Slo
+from compaction_bench.plan.settings import PlanConfig, PlanError
 
 REFERENCE = "clean"
 

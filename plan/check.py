@@ -79,7 +79,8 @@ class CheckRow:
 def fleet_of(obs: Observations, replicas: int | None = None) -> Fleet:
     """The check run's replicas and routing policy, from its manifest (module docstring)."""
     config = obs.manifest.get("config") or {}
-    router = obs.manifest.get("router") if isinstance(obs.manifest.get("router"), dict) else {}
+    found_router = obs.manifest.get("router")
+    router: dict[str, Any] = found_router if isinstance(found_router, dict) else {}
     urls = router.get("replicas") or config.get("replica_urls") or []
     check = obs.manifest.get("selfcheck") or {}
     found = len(urls) or len(check.get("replicas") or {}) or replicas or None

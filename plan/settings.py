@@ -13,22 +13,21 @@ ran at 155 s).
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from compaction_bench.common import slo as common_slo
 from compaction_bench.common.errors import SuiteError
 from compaction_bench.common.resampling import CONFIDENCE, RESAMPLES
+from compaction_bench.common.slo import Slo
 
 DEFAULT_SLO = "p90:2x"
 DEFAULT_AGENTS = 100
 SloTime = Literal["wall", "postfork"]
 DEFAULT_SLO_TIME: SloTime = "wall"
 DEFAULT_EXTRAPOLATION = 2.0
-_SLO = re.compile(r"^p(\d+(?:\.\d+)?):(\d+(?:\.\d+)?)(s|x)?$")
 
 
 class PlanError(SuiteError):
@@ -36,39 +35,13 @@ class PlanError(SuiteError):
     value and the fix."""
 
 
-@dataclass(frozen=True)
-class Slo:
-    """A latency target on postfork marginal time."""
-
-    quantile: float  # 0 < q < 1
-    value: float
-    relative: bool  # value is a factor of the reference arm's alone-time quantile
-
-    @property
-    def label(self) -> str:
-        q = f"p{100 * self.quantile:g}"
-        return f"{q} ≤ {self.value:g}x alone" if self.relative else f"{q} ≤ {self.value:g} s"
-
-    @property
-    def text(self) -> str:
-        return f"p{100 * self.quantile:g}:{self.value:g}{'x' if self.relative else 's'}"
-
-
 def parse_slo(text: str) -> Slo:
-    """`p90:120s`, `p90:120` (seconds) or `p90:2x`; raises PlanError naming the value."""
-    found = _SLO.match(text.strip())
-    if not found:
-        raise PlanError(f"SLO={text!r} is not a latency target; write p<percentile>:<seconds>s "
-                        "(SLO=p90:120s) or p<percentile>:<factor>x (SLO=p90:2x: twice the "
-                        "time alone)")
-    percentile, value, unit = float(found[1]), float(found[2]), found[3] or "s"
-    if not 0 < percentile < 100:
-        raise PlanError(f"SLO={text!r}: the percentile must lie between 0 and 100 "
-                        "exclusive (p50, p90, p99)")
-    if value <= 0 or (unit == "x" and value < 1):
-        raise PlanError(f"SLO={text!r}: the target must be positive seconds, or a factor "
-                        "of at least 1x")
-    return Slo(quantile=percentile / 100, value=value, relative=unit == "x")
+    """`p90:120s`, `p90:120` (seconds) or `p90:2x` (the grammar's one home: common/slo.py);
+    raises PlanError naming the value."""
+    try:
+        return common_slo.parse_slo(text)
+    except common_slo.SloError as exc:
+        raise PlanError(str(exc)) from None
 
 
 class PlanConfig(BaseModel):

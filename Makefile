@@ -32,8 +32,10 @@ run_path = $(if $(wildcard $(1)),$(1),results/$(1))
   test-e2e test-integration lint docs clean
 
 help:
-	@echo "make bench [REGIME=dedicated|shared|overloaded|sweep] [BLOCKS=n] [ARMS=...] [...]"
+	@echo "make bench [REGIME=dedicated|shared|overloaded|sweep|search] [BLOCKS=n] [ARMS=...] [...]"
 	@echo "                          blocks of arms under load -> results/<run-id>/ and its report"
+	@echo "make bench ROUTER_POLICY=round_robin,consistent_hash   once per router policy in front"
+	@echo "                          of the replicas (make serve REPLICAS=n), compared"
 	@echo "make bench-settings       every bench setting, its make variable and default"
 	@echo "make serve [PROFILE=...] [PORT=8000] [FAST_START=1] [DRY_RUN=1]"
 	@echo "                          serve target + compressor from one vLLM engine, self-checked"

@@ -36,7 +36,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from compaction_bench.common.errors import UnavailableError
-from compaction_bench.common.files import write_text_atomic
+from compaction_bench.common.files import append_jsonl, write_text_atomic
 from compaction_bench.common.net import api_url
 from compaction_bench.common.paths import histories_root
 from compaction_bench.common.processtree import stop_tree
@@ -244,6 +244,15 @@ class BackgroundLoad:
                 "(compaction-bench load merge) or give the load another workers_dir")
         config_path = self.state_dir / "config.json"
         self.config.save(config_path)
+        if self.config.remote_workers:
+            # remote workers' records stay on their hosts: written down before they start,
+            # so the run says how many are missing until merged (`merge.pending_remote`)
+            from compaction_bench.loadgen.merge import REMOTE_FILE
+
+            append_jsonl(self.state_dir / REMOTE_FILE, {
+                "remote_workers": self.config.remote_workers,
+                "master": f"{self.config.master_host}:{self.config.master_port}",
+                "local_workers": self.config.workers, "wall_s": time.time()})
         self.set_block(None)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
@@ -336,7 +345,7 @@ class BackgroundLoad:
             from compaction_bench.loadgen.merge import merge_workers
 
             merge_workers([self.workers_dir], self.config.out,
-                          expected_workers=self.config.workers)
+                          expected_workers=self.config.workers, remote=False)
         return code
 
     def _tail(self, lines: int = 20) -> str:

@@ -40,6 +40,9 @@ from compaction_bench.transport.request import RequestRecord
 RAW_PREFIX = "requests-"
 SIDECAR_PREFIX = "worker-"
 MERGES_FILE = "merges.jsonl"  # one line per merged worker, in the target's `background/`
+# one line per start of a load that waited for workers on other hosts, in its state folder:
+# how many; their records stay on their hosts until `compaction-bench load merge`
+REMOTE_FILE = "remote.jsonl"
 
 
 class MergeError(SuiteError):
@@ -162,9 +165,12 @@ def _number(record: RequestRecord, where: str) -> tuple[int, int]:
 
 
 def merge_workers(folders: list[Path], out: Path, *, allow_unfinished: bool = False,
-                  expected_workers: int | None = None) -> list[MergedWorker]:
+                  expected_workers: int | None = None, remote: bool = True
+                  ) -> list[MergedWorker]:
     """Check every worker of `folders` (module docstring), then append their records to `out`
-    in send order, on the run's timeline; returns what was merged per worker."""
+    in send order, on the run's timeline; returns what was merged per worker. `remote`: the
+    folders were copied here (`load merge`), not a load's own local workers; `merges.jsonl`
+    says which, so `pending_remote` can count what is still on other hosts."""
     workers = find_workers(folders)
     if expected_workers is not None and len(workers) != expected_workers:
         raise MergeError(f"{', '.join(str(f) for f in folders)}: {len(workers)} workers' "
@@ -219,7 +225,29 @@ def merge_workers(folders: list[Path], out: Path, *, allow_unfinished: bool = Fa
     log = JsonlWriter(out.parent / "background" / MERGES_FILE)
     try:
         for worker in merged:
-            log.write(dataclasses.asdict(worker))
+            log.write({**dataclasses.asdict(worker), "remote": remote})
     finally:
         log.close()
     return merged
+
+
+@dataclass(frozen=True)
+class RemotePending:
+    """Remote workers a load waited for (every start, `remote.jsonl`) against those merged
+    from copied folders (`merges.jsonl`, `remote`)."""
+
+    expected: int
+    merged: int
+
+    @property
+    def pending(self) -> int:
+        return max(0, self.expected - self.merged)
+
+
+def pending_remote(state_dir: Path) -> RemotePending:
+    """How many remote workers' records are not in the run's requests file yet: their
+    background requests are missing from every count until `compaction-bench load merge`."""
+    expected = sum(int(r.get("remote_workers", 0))
+                   for r in read_jsonl(state_dir / REMOTE_FILE).objects)
+    merged = sum(bool(r.get("remote")) for r in read_jsonl(state_dir / MERGES_FILE).objects)
+    return RemotePending(expected, merged)

@@ -44,7 +44,11 @@ from compaction_bench.bench.report.document import (
 from compaction_bench.bench.report.policy_report import policy_sections, policy_summary
 from compaction_bench.bench.report.replay_sections import replay_sections
 from compaction_bench.bench.report.replicas import replica_sections
-from compaction_bench.bench.report.sections import serving_sections, trust_sections
+from compaction_bench.bench.report.sections import (
+    remote_summary,
+    serving_sections,
+    trust_sections,
+)
 from compaction_bench.bench.runfolder import REFERENCE_ARM, RunRecords, read_run
 from compaction_bench.common.files import write_bytes_atomic, write_json_atomic, write_text_atomic
 from compaction_bench.common.resampling import CONFIDENCE
@@ -360,7 +364,8 @@ def write_analysis(analysis: RunAnalysis, out_dir: Path) -> ReportFiles:
                         tuple(written), table)
     write_text_atomic(files.markdown, to_markdown(document))
     write_text_atomic(files.html, to_html(document))
-    write_json_atomic(files.summary, {**build_summary(analysis), **policy_summary(analysis)})
+    write_json_atomic(files.summary, {**build_summary(analysis), **policy_summary(analysis),
+                                      **remote_summary(analysis)})
     return files
 
 

@@ -11,6 +11,7 @@ from compaction_bench.bench.analysis.paired import RunAnalysis
 from compaction_bench.bench.analysis.power import MAX_BLOCKS, Sensitivity
 from compaction_bench.bench.analysis.stats import Distribution
 from compaction_bench.bench.report.document import Bullets, Image, Paragraph, Section, Table
+from compaction_bench.loadgen.merge import pending_remote
 
 
 def _fmt(value: object, digits: int = 2) -> str:
@@ -21,9 +22,39 @@ def _fmt(value: object, digits: int = 2) -> str:
     return str(value)
 
 
+def remote_summary(analysis: RunAnalysis) -> dict[str, object]:
+    """summary.json's word on remote workers, where the run had any: their records are in the
+    background figures only once merged (`pending` 0)."""
+    if analysis.records.path is None:
+        return {}
+    remote = pending_remote(analysis.records.path / "background")
+    if not remote.expected:
+        return {}
+    return {"background_remote_workers": {"expected": remote.expected, "merged": remote.merged,
+                                          "pending": remote.pending}}
+
+
+def unmerged_note(analysis: RunAnalysis) -> str | None:
+    """What a run with LOCUST_REMOTE_WORKERS is missing until their records are merged: every
+    background count below would otherwise under-count silently."""
+    run_dir = analysis.records.path
+    if run_dir is None:
+        return None
+    remote = pending_remote(run_dir / "background")
+    if not remote.pending:
+        return None
+    return (f"Incomplete: {remote.pending} of {remote.expected} remote workers' background "
+            "records are not merged yet (they are on the workers' hosts), so the background "
+            "requests below count only what the bench's host recorded. Copy each worker's "
+            f"--out folder here, run `compaction-bench load merge {run_dir} DIR... --workers "
+            f"{remote.pending}`, then `make report RUN={analysis.run_id}`.")
+
+
 def trust_sections(analysis: RunAnalysis) -> list[Section]:
     """Load per block, the fork's cache state per arm, and what the run's noise can detect."""
     load = Section("Background load per block")
+    if (missing := unmerged_note(analysis)) is not None:
+        load.add(Paragraph(missing))
     rows = []
     for block in analysis.blocks:
         figures = block.load

@@ -12,7 +12,7 @@ import zlib
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from compaction_bench.common.errors import SuiteError
 from compaction_bench.common.net import server_url
@@ -53,7 +53,8 @@ REPLAY_ONLY_ARMS = ("external-history",)
 # The settings that make a run what it is: a resumed run takes them from its manifest.
 RUN_SETTINGS = ("regime", "source", "records", "side_by_side", "tool_time", "task", "arms",
                 "seed", "seeds", "cache", "protocol", "rewrite_cache", "step_limit", "prompt",
-                "blocks", "external_url", "locust_workers", "speculative", "expert_parallel",
+                "blocks", "external_url", "locust_workers", "locust_remote_workers",
+                "locust_master", "speculative", "expert_parallel",
                 "stream_deadline_s", "compressor_deadline_s", "arm_wall_s", "sweep",
                 "fast_start", "token_ids", "router_policy", "slo", "search")
 
@@ -208,6 +209,14 @@ class BenchConfig(BaseModel):
                           "runs (sensitivity analysis only)")
     locust_workers: int = Field(default=0, ge=0, description="locust worker processes for the "
                                 "background load (0: one local process)")
+    locust_remote_workers: int = Field(
+        default=0, ge=0, description="locust workers on other hosts the background load waits "
+        "for (up to 10 minutes), each started by hand with the command the bench prints; their "
+        "records stay on their hosts until `compaction-bench load merge` (docs/load.md)")
+    locust_master: str | None = Field(
+        default=None, validate_default=True, description="HOST:PORT the master listens on for "
+        "remote workers, e.g. 0.0.0.0:5557 (every interface) or this host's LAN address; "
+        "needed with LOCUST_REMOTE_WORKERS")
     step_limit: int | None = Field(default=None, gt=0, description="postfork model calls per "
                                    "arm (default: the task's)")
     results_dir: str = Field(default_factory=lambda: str(results_dir()),
@@ -256,6 +265,23 @@ class BenchConfig(BaseModel):
     @classmethod
     def _slo(cls, value: str) -> str:
         parse_slo(value)
+        return value
+
+    @field_validator("locust_master")
+    @classmethod
+    def _master(cls, value: str | None, info: ValidationInfo) -> str | None:
+        remote = info.data.get("locust_remote_workers") or 0
+        if value is None:
+            if remote:
+                raise ValueError(
+                    f"LOCUST_REMOTE_WORKERS={remote} needs LOCUST_MASTER=HOST:PORT, the address "
+                    "the master listens on for workers on other hosts, e.g. "
+                    "LOCUST_MASTER=0.0.0.0:5557")
+            return None
+        host, _, port = value.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"LOCUST_MASTER={value}: give HOST:PORT with a port from 1 to "
+                             "65535, e.g. LOCUST_MASTER=0.0.0.0:5557")
         return value
 
     @field_validator("base_url", "external_url")

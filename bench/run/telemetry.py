@@ -3,9 +3,11 @@ metrics, GPU samplers and the background users with a monitor sampling their sta
 
 from __future__ import annotations
 
+import socket
+import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +30,9 @@ from compaction_bench.loadgen.replica_metrics import (
 from compaction_bench.serve.profile import Profile
 
 LOAD_SAMPLE_S = 0.5  # how often the monitor samples the background load's state
+# How long the master waits for LOCUST_REMOTE_WORKERS to connect: time for a person to log in
+# to each host and start its worker by hand.
+REMOTE_WAIT_S = 600.0
 
 
 class LoadMonitor:
@@ -68,12 +73,60 @@ class Telemetry:
     monitor: LoadMonitor | None  # None: the regime has no background users
 
 
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class RemoteWorkers:
+    """LOCUST_REMOTE_WORKERS workers on other hosts, connecting to LOCUST_MASTER. Their records
+    stay on their hosts: the run counts them as missing (`background/remote.jsonl`) until
+    `compaction-bench load merge` brings them in (docs/load.md)."""
+
+    count: int
+    bind: str  # the address the master listens on, as the user gave it
+    port: int
+    run_dir: Path
+
+    @property
+    def connect(self) -> str:
+        """HOST:PORT for the workers: this host's name where the master listens on every
+        interface (a worker cannot connect to 0.0.0.0), else the address given."""
+        wildcard = self.bind in ("0.0.0.0", "*", "::", "[::]", "")
+        return f"{socket.gethostname() if wildcard else self.bind}:{self.port}"
+
+    def settings(self) -> dict[str, Any]:
+        return {"remote_workers": self.count, "master_host": self.bind.strip("[]"),
+                "master_port": self.port, "workers_wait_s": REMOTE_WAIT_S}
+
+    def wait_line(self) -> str:
+        return (f"[bench] background load: waiting up to {REMOTE_WAIT_S:.0f} s for "
+                f"{self.count} remote worker(s); start each on its host with: compaction-bench "
+                f"load worker --master {self.connect} --out /tmp/{self.run_dir.name}-bg")
+
+    def unmerged_line(self) -> str:
+        return (f"[bench] {self.count} remote worker(s)' background records are on their hosts, "
+                f"not in {self.run_dir / 'requests.jsonl'}: copy each worker's --out folder here "
+                f"and run: compaction-bench load merge {self.run_dir} DIR... --workers "
+                f"{self.count}; then make report RUN={self.run_dir.name}")
+
+
+def remote_workers(config: BenchConfig, run_dir: Path) -> RemoteWorkers | None:
+    if not config.locust_remote_workers:
+        return None
+    assert config.locust_master is not None  # BenchConfig refuses one without the other
+    host, _, port = config.locust_master.rpartition(":")
+    return RemoteWorkers(config.locust_remote_workers, host, int(port), run_dir)
+
+
 @contextmanager
 def run_telemetry(config: BenchConfig, url: str, run_dir: Path, origin: float, users: int,
-               profile: Profile, probe: ServiceProbe | None) -> Iterator[Telemetry]:
+               profile: Profile, probe: ServiceProbe | None,
+               say: Callable[[str], None] = _say) -> Iterator[Telemetry]:
     """Server metrics and GPU samplers for the whole run; background users when the regime has
     any, living exactly as long as the run (started before the first block and steady before
-    it begins), with a monitor sampling them."""
+    it begins), with a monitor sampling them. With LOCUST_REMOTE_WORKERS, `say` tells the user
+    how to start them before the wait, and after the load how to merge their records."""
     from compaction_bench.loadgen.background import BackgroundConfig, ReplayOptions
     from compaction_bench.serve.gpu import GpuSampler
 
@@ -97,17 +150,24 @@ def run_telemetry(config: BenchConfig, url: str, run_dir: Path, origin: float, u
             tool_calls="keep" if profile.model.tool_calls else "inline",
             measured_ttft_s=probe.ttft_s if probe else None,
             measured_tokens_per_s=probe.tokens_per_s if probe else None)
+        remote = remote_workers(config, run_dir)
+        if remote is not None:
+            # after the load stopped (an ExitStack unwinds last-in first-out)
+            stack.callback(say, remote.unmerged_line())
+            say(remote.wait_line())
         load = stack.enter_context(BackgroundLoad(BackgroundConfig(
             server_url=url, model=profile.model.target_name, users=users,
             regime=config.regime, out=run_dir / "requests.jsonl", origin=origin,
             workers=config.locust_workers, seed=config.seed, replay=replay,
+            **(remote.settings() if remote is not None else {}),
             spawn_rate=max(1.0, users / 10), max_model_len=profile.engine_args.max_model_len,
             state_dir=run_dir / "background", duration_s=None,
             # each background user's cache salt is this run's (the run id and its clock
             # origin, as the arms' salts) plus the user's slot: its own prefix hits, no other
             # user's does, so N users cost what N agents do
             cache_salt=f"{run_dir.name}-{origin:.6f}-bg")))
-        load.wait_steady(timeout_s=600)
+        # with remote workers, the wait for them comes first (the master's workers_wait_s)
+        load.wait_steady(timeout_s=600 + (REMOTE_WAIT_S if remote is not None else 0))
         yield Telemetry(sampler, stack.enter_context(
             LoadMonitor(load, run_dir / "load.jsonl", origin)))
 

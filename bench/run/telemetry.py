@@ -102,7 +102,9 @@ class RemoteWorkers:
     def wait_line(self) -> str:
         return (f"[bench] background load: waiting up to {REMOTE_WAIT_S:.0f} s for "
                 f"{self.count} remote worker(s); start each on its host with: compaction-bench "
-                f"load worker --master {self.connect} --out /tmp/{self.run_dir.name}-bg")
+                f"load worker --master {self.connect} --out /tmp/{self.run_dir.name}-bg-"
+                # a folder per start of the load: a resumed run's workers never meet merged ones
+                f"{time.strftime('%Y%m%dT%H%M%S')}")
 
     def unmerged_line(self) -> str:
         return (f"[bench] {self.count} remote worker(s)' background records are on their hosts, "

@@ -7,13 +7,15 @@ from typing import Any
 
 import pytest
 
-from compaction_bench.common.files import JsonlWriter, read_jsonl
+from compaction_bench.common.files import JsonlWriter, append_jsonl, read_jsonl
 from compaction_bench.loadgen.background import BackgroundConfig
 from compaction_bench.loadgen.merge import (
     MERGES_FILE,
+    REMOTE_FILE,
     Anchor,
     MergeError,
     merge_workers,
+    pending_remote,
     worker_files,
     write_sidecar,
 )
@@ -135,3 +137,21 @@ def test_each_background_user_has_its_own_lasting_cache_salt() -> None:
     assert config.user_salt(0) != config.user_salt(1)
     named = config.model_copy(update={"cache_salt": "run-7"})
     assert named.user_salt(4) == "run-7-bg4"
+
+
+def test_remote_workers_count_as_missing_until_merged_from_their_folders(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    state = run / "background"
+    assert pending_remote(state).pending == 0  # no remote workers: nothing missing
+    # two starts of the load (a resumed run), one and two remote workers
+    append_jsonl(state / REMOTE_FILE, {"remote_workers": 1, "master": "0.0.0.0:5557"})
+    append_jsonl(state / REMOTE_FILE, {"remote_workers": 2, "master": "0.0.0.0:5557"})
+    # a load's own local worker, merged when it stopped, is not a remote one
+    merge_workers([_worker(tmp_path / "local", "l-1", [(0, 0, 6.0)])], run / "requests.jsonl",
+                  remote=False)
+    assert pending_remote(state).pending == 3
+    merge_workers([_worker(tmp_path / "b", "b-1", [(1, 0, 6.0)]),
+                   _worker(tmp_path / "c", "c-1", [(2, 0, 6.5)])], run / "requests.jsonl")
+    got = pending_remote(state)
+    assert (got.expected, got.merged, got.pending) == (3, 2, 1)
+    assert [m["remote"] for m in read_jsonl(state / MERGES_FILE).objects] == [False, True, True]

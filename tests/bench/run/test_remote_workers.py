@@ -87,7 +87,7 @@ def test_a_remote_workers_records_are_missing_visibly_until_merged_once(tmp_path
                     process.wait()
     run = tmp_path / "rw"
     assert f"load merge {run} DIR... --workers 1; then make report RUN=rw" in rest
-    remote = [r for r in read_jsonl(host_b / next(host_b.glob("requests-*")).name).objects]
+    remote = read_jsonl(next(host_b.glob("requests-*.jsonl"))).objects
     assert remote  # the worker sent requests, on its host only so far
     assert not [r for r in read_jsonl(run / "requests.jsonl").objects
                 if r["source"] == "background"]

@@ -47,6 +47,7 @@ from compaction_bench.bench.run.fleet import run_cell
 from compaction_bench.bench.run.session import Session
 from compaction_bench.bench.run.stop import RunStop
 from compaction_bench.bench.run.sweep import SWEEP_FILE, server_cache_config, sweep_config
+from compaction_bench.bench.run.telemetry import run_telemetry
 from compaction_bench.bench.run.watchdog import Watchdog
 from compaction_bench.bench.run.writer import RunWriter
 from compaction_bench.bench.runfolder import ArmRecord, read_run
@@ -169,17 +170,15 @@ class Search:
         aborted = None
         try:
             with ExitStack() as stack:
-                from compaction_bench.loadgen.metrics import MetricsSampler
-                from compaction_bench.serve.gpu import GpuSampler
-
-                sampler = stack.enter_context(MetricsSampler(
-                    session.url, session.run_dir / "metrics.jsonl", origin=session.origin))
-                stack.enter_context(GpuSampler(session.run_dir / "gpu.jsonl",
-                                               origin=session.origin))
+                # the server's /metrics, each replica's behind a router, NVML; no
+                # background users: the fleet is the load
+                telemetry = stack.enter_context(run_telemetry(
+                    config, session.url, session.run_dir, session.origin, 0, session.profile,
+                    None))
                 stack.enter_context(Watchdog(
                     session.url, config.stall_s,
                     lambda why: _stop_for(stop, f"{why}; {session.hint}"),
-                    healthy=is_healthy, sampler=sampler))
+                    healthy=is_healthy, sampler=telemetry.sampler))
                 records, aborted = self._search(session, writer, cells_out, decisions)
         except KeyboardInterrupt as exc:
             stop.interrupted(exc)

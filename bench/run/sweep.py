@@ -46,6 +46,7 @@ from compaction_bench.bench.run.config import REFERENCE, SWEEP, BenchConfig
 from compaction_bench.bench.run.fleet import CellOutcome, run_cell
 from compaction_bench.bench.run.session import Session
 from compaction_bench.bench.run.stop import RunStop
+from compaction_bench.bench.run.telemetry import run_telemetry
 from compaction_bench.bench.run.watchdog import Watchdog
 from compaction_bench.bench.run.writer import RunWriter
 from compaction_bench.bench.runfolder import ArmRecord
@@ -150,17 +151,15 @@ class Sweep:
         assert session.settings is not None
         try:
             with ExitStack() as stack:
-                from compaction_bench.loadgen.metrics import MetricsSampler
-                from compaction_bench.serve.gpu import GpuSampler
-
-                sampler = stack.enter_context(MetricsSampler(
-                    session.url, session.run_dir / "metrics.jsonl", origin=session.origin))
-                stack.enter_context(GpuSampler(session.run_dir / "gpu.jsonl",
-                                               origin=session.origin))
+                # the server's /metrics, each replica's behind a router, NVML; no
+                # background users: the fleet is the load
+                telemetry = stack.enter_context(run_telemetry(
+                    config, session.url, session.run_dir, session.origin, 0, session.profile,
+                    None))
                 stack.enter_context(Watchdog(
                     session.url, config.stall_s,
                     lambda why: _stop_for(stop, f"{why}; {session.hint}"),
-                    healthy=is_healthy, sampler=sampler))
+                    healthy=is_healthy, sampler=telemetry.sampler))
                 records, aborted = _cells(
                     self.levels, config, {a.name: a for a in session.arms}, self.done,
                     self.passes, session.settings, writer, cells_out, stop, session.url,

@@ -119,3 +119,15 @@ def test_a_failing_run_stops_its_router_and_no_replicas_is_one_line(
     assert none.returncode != 0
     last = none.stderr.strip().splitlines()[-1]
     assert "REPLICA_URLS=" in last and "make serve REPLICAS=2" in last, none.stderr[-2000:]
+
+
+def test_a_sweep_through_a_router_samples_each_replica(
+        replicas: tuple[FakeProcess, FakeProcess], tmp_path: Path) -> None:
+    """A sweep (the fleet check's runs) records each replica's /metrics as blocks do: it had
+    none, so its routing comparison said "no per-replica figures" for the plan's check."""
+    done = bench(tmp_path, "regime=sweep", "arms=clean,external", "sweep.levels=2",
+                 "sweep.min_continuations=2", "sweep.warmup=0", "tool_time=0",
+                 "router_policy=round_robin", "run_id=swr", _urls(replicas))
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = read_replica_lines(tmp_path / "swr-round_robin")
+    assert {line["replica"] for line in lines} >= {r.server_url for r in replicas}, lines[:2]

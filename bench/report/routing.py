@@ -9,6 +9,7 @@ difference between them also carries whatever drifted in between, and the docume
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from compaction_bench.bench.report.document import (
 )
 from compaction_bench.bench.report.replicas import rate_cell, replica_table
 from compaction_bench.bench.report.run_report import change_cell, interval_line
-from compaction_bench.bench.runfolder import REFERENCE_ARM, read_run, regime_sort_key
+from compaction_bench.bench.runfolder import REFERENCE_ARM, RunRecords, read_run, regime_sort_key
 from compaction_bench.common.files import write_text_atomic
 
 
@@ -121,11 +122,29 @@ def _change_section(runs: Mapping[str, RunAnalysis]) -> Section:
               "n counts requests."))
 
 
+def measured_only(records: RunRecords) -> RunRecords:
+    """A sweep's records without its warm-up and drain continuations (bench/run/sweep.py: they
+    ran on a cold cache or as the load fell, and are never planned), so each policy's paired
+    change pairs only continuations that ran with all N agents active; other runs unchanged."""
+    def measured(phase: object) -> bool:
+        return phase in (None, "measured")
+
+    if all(measured(a.sweep_phase) for a in records.arms):
+        return records
+    arms = tuple(a for a in records.arms if measured(a.sweep_phase))
+    kept = {(a.regime, a.block) for a in arms}
+    return dataclasses.replace(
+        records, arms=arms,
+        requests=tuple(r for r in records.requests if measured(r.labels.get("sweep_phase"))),
+        blocks=tuple(b for b in records.blocks if (b.regime, b.block) in kept))
+
+
 def write_routing(base: str, run_dirs: Mapping[str, Path], out: Path, *,
                   missing: Mapping[str, str] | None = None, seed: int = 0) -> str:
     """Analyse each policy's run folder (policy -> folder, in the order they ran), write the
     comparison's Markdown to `out` atomically and return it."""
-    runs = {policy: analyze(read_run(path), seed=seed) for policy, path in run_dirs.items()}
+    runs = {policy: analyze(measured_only(read_run(path)), seed=seed)
+            for policy, path in run_dirs.items()}
     text = to_markdown(routing_document(base, runs, missing))
     write_text_atomic(out, text)
     return text

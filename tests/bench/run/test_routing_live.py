@@ -126,8 +126,16 @@ def test_a_sweep_through_a_router_samples_each_replica(
     """A sweep (the fleet check's runs) records each replica's /metrics as blocks do: it had
     none, so its routing comparison said "no per-replica figures" for the plan's check."""
     done = bench(tmp_path, "regime=sweep", "arms=clean,external", "sweep.levels=2",
-                 "sweep.min_continuations=2", "sweep.warmup=0", "tool_time=0",
+                 "sweep.min_continuations=2", "sweep.warmup=1", "tool_time=0",
                  "router_policy=round_robin", "run_id=swr", _urls(replicas))
     assert done.returncode == 0, done.stderr[-3000:]
     lines = read_replica_lines(tmp_path / "swr-round_robin")
     assert {line["replica"] for line in lines} >= {r.server_url for r in replicas}, lines[:2]
+    # the comparison pairs the measured continuations only (2 per arm), never the warm-ups
+    # (cold cache) or drains (falling load)
+    arms = [json.loads(x) for x in (tmp_path / "swr-round_robin" / "arms.jsonl").read_text()
+            .splitlines() if x.strip()]
+    assert {a["sweep_phase"] for a in arms} >= {"warmup", "measured"}
+    row = next(x for x in (tmp_path / "swr-routing.md").read_text().splitlines()
+               if x.startswith("| sweep | external | round_robin |"))
+    assert "(n=2)" in row and "n=4" not in row, row

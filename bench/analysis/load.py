@@ -85,6 +85,7 @@ class BlockLoad:
     server_finished: float | None = None
     own_finished: int | None = None
     foreign_requests: int | None = None
+    basis: str | None = None  # what a verified verdict rests on, in words
 
     @property
     def valid(self) -> bool:
@@ -205,7 +206,18 @@ def block_load(regime: str, users: int, start: float, end: float,
     elif regime == "shared" and queued > 0:
         unverified.append(f"requests waited in {queued:.0%} of the {len(during)} /metrics "
                           "samples while the arms ran: the server was at capacity at times")
+    basis = None
+    if not reasons and not unverified:  # what the verdict `verified` rests on
+        if regime == "dedicated":
+            basis = (f"the server finished {traffic.server_finished:g} requests while the arms "
+                     f"ran, {traffic.own_finished} of them the run's own")
+        elif regime == "overloaded":
+            basis = (f"requests waited in {queued:.0%} of the {len(during)} /metrics samples "
+                     f"while the arms ran (at least {MIN_QUEUED_SHARE:.0%})")
+        else:
+            basis = f"no request waited in the {len(during)} /metrics samples while the arms ran"
     return BlockLoad(
+        basis=basis,
         users=users, background_requests=len(background), background_ok=len(ok),
         background_errors=len(errors), unauthorized=unauthorized,
         achieved_concurrency=(sum(_overlap(r, start, end) for r in background) / span

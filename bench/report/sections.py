@@ -66,7 +66,8 @@ def trust_sections(analysis: RunAnalysis) -> list[Section]:
                      "n/a" if figures.waiting_share is None else f"{figures.waiting_share:.0%}",
                      _fmt(figures.max_waiting, 0),
                      figures.verdict + (": " + "; ".join(figures.reasons or figures.unverified)
-                                        if figures.reasons or figures.unverified else "")))
+                                        if figures.reasons or figures.unverified else
+                                        f": {figures.basis}" if figures.basis else "")))
     if rows:
         counts = {v: sum(b.load is not None and b.load.verdict == v for b in analysis.blocks)
                   for v in ("verified", "unverified", "failed")}

@@ -22,6 +22,8 @@ def test_concurrency_waiting_and_a_valid_overloaded_block() -> None:
                       [LoadSample(t_s=2.0, running=True)])
     assert load.valid, load.reasons
     assert load.verdict == "verified"  # 3 of 4 samples queued: at least half
+    assert load.basis == ("requests waited in 75% of the 4 /metrics samples while the arms ran "
+                          "(at least 50%)")
     assert load.achieved_concurrency == 4.5  # 4 requests all along + 1 for half the block
     assert load.waiting_share == 0.75 and load.max_waiting == 3.0
     assert (load.background_requests, load.background_ok) == (5, 4)
@@ -75,7 +77,9 @@ def test_a_shared_block_is_verified_below_capacity_only() -> None:
     calm = [MetricSample(t_s=t, num_requests_waiting=0.0) for t in (2.0, 5.0, 8.0)]
     busy = [*calm, MetricSample(t_s=9.0, num_requests_waiting=2.0)]
     running = [LoadSample(t_s=2.0, running=True)]
-    assert block_load("shared", 2, 0.0, 10.0, requests, calm, running).verdict == "verified"
+    below = block_load("shared", 2, 0.0, 10.0, requests, calm, running)
+    assert below.verdict == "verified"
+    assert below.basis == "no request waited in the 3 /metrics samples while the arms ran"
     queued = block_load("shared", 2, 0.0, 10.0, requests, busy, running)
     assert queued.verdict == "unverified" and "at capacity at times" in queued.unverified[0]
 
@@ -102,6 +106,9 @@ def test_a_dedicated_block_that_served_only_its_own_requests_is_verified() -> No
     load = block_load("dedicated", 0, 0.0, 10.0, setup + own, metrics, [], arms_from=3.0)
     assert load.verdict == "verified", (load.reasons, load.unverified)
     assert (load.server_finished, load.own_finished, load.foreign_requests) == (4.0, 4, 0)
+    # the report says what `verified` rests on
+    assert load.basis == ("the server finished 4 requests while the arms ran, 4 of them the "
+                          "run's own")
     assert load.to_json()["foreign_requests"] == 0
 
 

@@ -209,8 +209,9 @@ def block_load(regime: str, users: int, start: float, end: float,
     basis = None
     if not reasons and not unverified:  # what the verdict `verified` rests on
         if regime == "dedicated":
-            basis = (f"the server finished {traffic.server_finished:g} requests while the arms "
-                     f"ran, {traffic.own_finished} of them the run's own")
+            basis = (f"the server finished {traffic.server_finished:g} requests between the "
+                     "/metrics samples while the arms ran, no more than the run's own records "
+                     f"end there ({traffic.own_finished}, within {OWN_SLACK_S:g} s)")
         elif regime == "overloaded":
             basis = (f"requests waited in {queued:.0%} of the {len(during)} /metrics samples "
                      f"while the arms ran (at least {MIN_QUEUED_SHARE:.0%})")

@@ -32,6 +32,13 @@ last unit is in *old text* (a policy rewrote history it had already sent); from 
 the *previous reply* (the reply re-rendered, rewritten as the step just completed, or dropped
 after a format error; the last unit holds the generation prompt the reply was written after).
 
+Behind a router each replica has a cache of its own: a request's prediction counts only what
+requests on the same replica cached (each request's replica from the replicas' counters,
+`bench.analysis.replicas.request_replicas`); a request whose replica is not known is listed as
+not checked and fills no cache, so a later request on its replica may read *warmer*. The
+predicted loss is then the policy's own (where the prompt departs from the previous one); the
+measured loss also holds what the router cost by sending the request to another replica.
+
 A block run again (`block_pass` 2+ after RESUME) is accounted from one pass, the one the primary
 analysis counts (the last closed by a block record, `paired.block_statuses`): the original
 attempts' requests of its other passes still fill the predicted cache (the server did cache
@@ -49,6 +56,7 @@ from typing import Any
 
 import numpy as np
 
+from compaction_bench.bench.analysis.replicas import request_replicas
 from compaction_bench.bench.runfolder import (
     REFERENCE_ARM,
     RunRecords,
@@ -119,6 +127,7 @@ class CacheAccounting:
     requests: tuple[RequestCache, ...]
     arms: tuple[ArmCache, ...]
     unchecked: tuple[tuple[str, str, str], ...]  # (request id, arm, why not checked)
+    per_replica: bool = False  # behind a router: one predicted cache per replica
 
     @property
     def disagreements(self) -> tuple[RequestCache, ...]:
@@ -199,7 +208,12 @@ def counted_passes(records: RunRecords) -> dict[tuple[str, int], int]:
     return {**out, **armed, **closed}
 
 
-def _prompts(records: RunRecords, arms: Sequence[str], block: int
+UNROUTED = ("behind a router, its replica is not known (it did not end alone between two "
+            "scrapes of the replicas' counters)")
+
+
+def _prompts(records: RunRecords, arms: Sequence[str], block: int,
+             replicas: Mapping[str, str | None] | None = None
              ) -> tuple[list[_Prompt], list[tuple[str, str, str]], dict[str, int]]:
     # each pass of a block has its own salt under CACHE=isolated: key the domain by pass too
     salts = {(a.regime, a.block, a.arm, a.attempt, a.block_pass or 1): a.cache_salt or ""
@@ -238,6 +252,13 @@ def _prompts(records: RunRecords, arms: Sequence[str], block: int
             continue
         assert isinstance(label, dict)
         domain = salts.get((r.regime, r.block, r.source, attempt, pass_), "")
+        if replicas is not None:  # one cache per replica behind a router
+            replica = replicas.get(r.request_id)
+            if replica is None:
+                if counted:
+                    unchecked.append((r.request_id, r.source, UNROUTED))
+                continue
+            domain = f"{domain}@{replica}"
         found.append(_Prompt(r, r.source, f"{attempt}#{pass_}", domain, n,
                              int(label.get("completion") or 0), unit,
                              tuple(str(h) for h in label["hashes"]), counted))
@@ -294,9 +315,11 @@ def _predictions(prompts: list[_Prompt], block: int) -> dict[str, tuple[int, int
 
 
 def cache_accounting(records: RunRecords, arms: Sequence[str]) -> CacheAccounting:
-    """Every arm request's predicted and measured hit, and each arm's cache loss."""
+    """Every arm request's predicted and measured hit, and each arm's cache loss (per replica
+    behind a router: module docstring)."""
     block, source = kv_block_size(records.manifest)
-    prompts, unchecked, totals = _prompts(records, arms, block)
+    replicas = request_replicas(records)
+    prompts, unchecked, totals = _prompts(records, arms, block, replicas)
     predicted = _predictions(prompts, block)
     attempts: dict[tuple[str, int, str, str], list[_Prompt]] = defaultdict(list)
     for p in prompts:
@@ -333,7 +356,7 @@ def cache_accounting(records: RunRecords, arms: Sequence[str]) -> CacheAccountin
                 else "colder" if measured < low - block else None, **extra))
     rows.sort(key=lambda r: (regime_sort_key(r.regime), r.block, arm_sort_key(r.arm), r.index))
     return CacheAccounting(block, source, tuple(rows), _summaries(rows, totals),
-                           tuple(unchecked))
+                           tuple(unchecked), per_replica=replicas is not None)
 
 
 def _summaries(rows: list[RequestCache], totals: Mapping[str, int]) -> tuple[ArmCache, ...]:

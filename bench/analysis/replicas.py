@@ -136,6 +136,18 @@ def replica_account(lines: Sequence[Mapping[str, Any]],
                           unattributed_reasons=dict(reasons))
 
 
+def request_replicas(records: RunRecords) -> dict[str, str | None] | None:
+    """request id -> the replica that served it (None: not known) for a run made through a
+    router, from the replicas' counters (`infer_replicas`); None for a run on one server (no
+    replica lines)."""
+    lines = read_replica_lines(records.path)
+    if not lines:
+        return None
+    found = infer_replicas([r.to_json() for r in records.requests if r.ok],
+                           [dict(x) for x in lines])
+    return {rid: a.replica for rid, a in found.items()}
+
+
 def run_replica_account(records: RunRecords) -> ReplicaAccount | None:
     """`replica_account` of a run folder as read."""
     return replica_account(read_replica_lines(records.path), records.requests)

@@ -127,7 +127,11 @@ def cache_section(figures: PolicyFigures) -> Section:
         "predicted from where the prompt first departs from it, and measured; 'before the last "
         "reply': predicted loss where that departure lies in the previous prompt (a policy "
         "rewrote older history, not only the step just completed). Added prefill vs clean: per "
-        "block, the arm's measured loss minus clean's, the prefill its rewriting adds."))
+        "block, the arm's measured loss minus clean's, the prefill its rewriting adds."
+        + (" Behind a router: one predicted cache per replica (each request's replica from the "
+           "replicas' counters; a request whose replica is not known is not checked), so the "
+           "predicted loss is the policy's own and the measured loss also holds what routing "
+           "to another replica cost." if cache.per_replica else "")))
     if not cache.arms:
         section.add(Paragraph("No arm request carried token ids (a run with TOKEN_IDS=0, an "
                               "older run, or a server without return_token_ids): nothing to "
@@ -193,6 +197,7 @@ def policy_summary(analysis: RunAnalysis) -> dict[str, Any]:
     cache = figures.cache
     return {"policies": policies, "cache_accounting": {
         "block_size": cache.block_size, "block_source": cache.block_source,
+        "per_replica": cache.per_replica,
         "arms": [asdict(a) for a in cache.arms],
         "checked": len(cache.requests), "unchecked": len(cache.unchecked),
         "disagreements": [asdict(r) for r in cache.disagreements]}}

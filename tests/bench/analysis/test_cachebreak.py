@@ -168,3 +168,44 @@ def test_a_pass_no_block_record_closed_does_not_count(tmp_path: Path) -> None:
                                                        "keep-p1-0", "keep-p1-1"}
     assert {a.arm: a for a in result.arms}["keep"].added_vs_clean == (32.0,)
     assert len([why for _, _, why in result.unchecked if "pass of a block run again" in why]) == 4
+
+
+def test_behind_a_router_each_replica_has_its_own_cache(tmp_path: Path) -> None:
+    """Issue 24: behind a router a request finds only what its own replica cached. clean's
+    second request went to the other replica and found nothing: with one cache for the run it
+    read 'colder' than predicted (64 tokens); per replica it is predicted cold and agrees. A
+    request whose replica is not known is not checked and fills no cache."""
+    import json
+
+    from compaction_bench.loadgen.replica_metrics import REPLICA_METRICS
+
+    path = tmp_path / "rt"
+    requests = [
+        request("clean-0", "clean", P0, C0, (0.0, 1.0, 2.0), 0),
+        request("clean-1", "clean", [*P0, *C0, *EXTRA], C0, (3.0, 4.0, 5.0), 0),
+        request("clean-2", "clean", [*P0, *C0, *EXTRA], C0, (6.0, 7.0, 7.5), 64),
+    ]
+    write_json(path / "manifest.json", {"run_id": "rt", "arms": ["clean"],
+                                        "selfcheck": {"cache_config": {"block_size": "32"}}})
+    write_records(path / "arms.jsonl", [ArmRecord("dedicated", 1, "clean", "original",
+                                                  "complete", 10.0)])
+    write_records(path / "blocks.jsonl", [BlockRecord("dedicated", 1, ("clean",), 0.0, 20.0)])
+    write_records(path / "requests.jsonl", requests)
+    # replica A finished a request between the scrapes at 1.5 and 2.5 s (clean-0), B between
+    # 4.5 and 5.5 s (clean-1); at 7.5 s both counters rose: clean-2's replica is not known
+    scrapes = {"A": [(0.5, 0), (1.5, 0), (2.5, 1), (4.5, 1), (5.5, 1), (7.0, 1), (8.0, 2)],
+               "B": [(0.5, 0), (1.5, 0), (2.5, 0), (4.5, 0), (5.5, 1), (7.0, 1), (8.0, 2)]}
+    (path / REPLICA_METRICS).write_text("".join(
+        json.dumps({"t_s": t, "replica": f"http://{name}", "requests_finished": n}) + "\n"
+        for name, points in scrapes.items() for t, n in points))
+    result = cache_accounting(read_run(path), ["clean"])
+    assert result.per_replica
+    rows = {r.request_id: r for r in result.requests}
+    assert set(rows) == {"clean-0", "clean-1"}
+    assert (rows["clean-1"].predicted_low, rows["clean-1"].predicted_high) == (0, 0)
+    assert rows["clean-1"].agrees and rows["clean-1"].disagreement is None
+    assert ("clean-2", "clean") in {(rid, arm) for rid, arm, _ in result.unchecked}
+    # the same folder without the replicas' lines: one cache, clean-1 predicted warm
+    (path / REPLICA_METRICS).unlink()
+    single = {r.request_id: r for r in cache_accounting(read_run(path), ["clean"]).requests}
+    assert single["clean-1"].predicted_low == 64 and single["clean-1"].disagreement == "colder"

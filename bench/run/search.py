@@ -25,7 +25,6 @@ on record, running only those missing; a cell a crash cut short runs again as it
 from __future__ import annotations
 
 import math
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,10 +44,12 @@ from compaction_bench.bench.run.boundary import (
 from compaction_bench.bench.run.config import REFERENCE, SWEEP, BenchConfig
 from compaction_bench.bench.run.fleet import run_cell
 from compaction_bench.bench.run.session import Session
-from compaction_bench.bench.run.stop import RunStop
-from compaction_bench.bench.run.sweep import SWEEP_FILE, server_cache_config, sweep_config
-from compaction_bench.bench.run.telemetry import run_telemetry
-from compaction_bench.bench.run.watchdog import Watchdog
+from compaction_bench.bench.run.sweep import (
+    SWEEP_FILE,
+    fleet_watch,
+    server_cache_config,
+    sweep_config,
+)
 from compaction_bench.bench.run.writer import RunWriter
 from compaction_bench.bench.runfolder import ArmRecord, read_run
 from compaction_bench.common.files import JsonlWriter, read_jsonl
@@ -169,16 +170,7 @@ class Search:
         records: list[ArmRecord] = []
         aborted = None
         try:
-            with ExitStack() as stack:
-                # the server's /metrics, each replica's behind a router, NVML; no
-                # background users: the fleet is the load
-                telemetry = stack.enter_context(run_telemetry(
-                    config, session.url, session.run_dir, session.origin, 0, session.profile,
-                    None))
-                stack.enter_context(Watchdog(
-                    session.url, config.stall_s,
-                    lambda why: _stop_for(stop, f"{why}; {session.hint}"),
-                    healthy=is_healthy, sampler=telemetry.sampler))
+            with fleet_watch(session, stop):
                 records, aborted = self._search(session, writer, cells_out, decisions)
         except KeyboardInterrupt as exc:
             stop.interrupted(exc)
@@ -291,10 +283,6 @@ class Search:
                                                              _finite(m.high_s)],
             "interval": f"order statistics, {session.config.search.confidence:.0%}",
             "limit_s": limit, "held": v.held, "clear": v.clear, "why": v.why})
-
-
-def _stop_for(stop: RunStop, message: str) -> None:
-    stop.stop(message)
 
 
 def _finite(value: float) -> float | None:

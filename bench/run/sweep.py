@@ -34,7 +34,8 @@ crash cut short again, as its next pass (`block_pass`); the plan reads only a ce
 
 from __future__ import annotations
 
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -150,16 +151,7 @@ class Sweep:
         aborted = None
         assert session.settings is not None
         try:
-            with ExitStack() as stack:
-                # the server's /metrics, each replica's behind a router, NVML; no
-                # background users: the fleet is the load
-                telemetry = stack.enter_context(run_telemetry(
-                    config, session.url, session.run_dir, session.origin, 0, session.profile,
-                    None))
-                stack.enter_context(Watchdog(
-                    session.url, config.stall_s,
-                    lambda why: _stop_for(stop, f"{why}; {session.hint}"),
-                    healthy=is_healthy, sampler=telemetry.sampler))
+            with fleet_watch(session, stop):
                 records, aborted = _cells(
                     self.levels, config, {a.name: a for a in session.arms}, self.done,
                     self.passes, session.settings, writer, cells_out, stop, session.url,
@@ -178,8 +170,19 @@ def _step_limit(session: Session) -> str:
     return str(session.task.spec.step_limit) if session.task else "recorded turns"
 
 
-def _stop_for(stop: RunStop, message: str) -> None:
-    stop.stop(message)
+@contextmanager
+def fleet_watch(session: Session, stop: RunStop) -> Iterator[None]:
+    """What runs around a fleet's cells (the sweep's and the search's): the server's /metrics,
+    each replica's behind a router, NVML (no background users: the fleet is the load), and the
+    watchdog that stops the run when the server no longer streams."""
+    def stalled(why: str) -> None:
+        stop.stop(f"{why}; {session.hint}")
+
+    with run_telemetry(session.config, session.url, session.run_dir, session.origin, 0,
+                       session.profile, None) as telemetry, \
+            Watchdog(session.url, session.config.stall_s, stalled, healthy=is_healthy,
+                     sampler=telemetry.sampler):
+        yield
 
 
 def _cells(levels: tuple[int, ...], config: BenchConfig, arms: dict[str, Arm],

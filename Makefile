@@ -51,8 +51,9 @@ help:
 	@echo "make kernels [BASE_URL=...]  |  make kernels-gpu   measured device costs"
 	@echo "make faults [ONLY=...] [JOBS=3]    every fault row injected, records lost per row"
 	@echo "make bench-client  |  make bench-redaction   the suite's own parts, measured"
-	@echo "make test: every tier (test-unit: one process, test-e2e: processes and the fake engine,"
-	@echo "           test-integration: the real vLLM CPU server)  |  make lint  |  make docs"
+	@echo "make test: every tier, one after another, each timed (test-unit: no process started,"
+	@echo "           test-e2e: processes and the fake engine, test-integration: the real vLLM"
+	@echo "           CPU server) [UNIT_WORKERS=2] [E2E_WORKERS=4]  |  make lint  |  make docs"
 
 install: $(STAMP)
 
@@ -144,17 +145,51 @@ bench-client: install
 bench-redaction: install
 	$(CB) measure redaction
 
+# `make test` runs the three tiers one after another, each in its own pytest session (so no
+# tier's result depends on what another left in the process), prints each one's wall time and
+# exits non-zero if any failed. The unit and e2e tiers run on pytest-xdist workers: unit tests
+# are CPU-bound (two workers for two cores); e2e tests mostly wait on fake engines, sleeps and
+# child processes, so more workers than cores. `--dist loadfile` keeps a module's tests on one
+# worker, so a module-scoped fixture (the fault table, a fake engine) is set up once. The
+# integration tier shares one real vLLM server and runs in one process. UNIT_WORKERS=0 or
+# E2E_WORKERS=0 runs a tier without xdist.
+UNIT_WORKERS ?= 2
+E2E_WORKERS ?= 4
+TIERS ?= unit e2e integration
+xdist = $(if $(filter-out 0,$(1)),-n $(1) --dist loadfile)
+tier_marker_unit := not e2e and not integration
+tier_marker_e2e := e2e and not integration
+tier_marker_integration := integration
+tier_workers_unit = $(UNIT_WORKERS)
+tier_workers_e2e = $(E2E_WORKERS)
+tier_workers_integration = 0
+pytest_tier = $(PY) -m pytest -m "$(tier_marker_$(1))" $(call xdist,$(tier_workers_$(1))) $(PYTEST_ARGS)
+
+# Each tier's pytest exit code is printed; make fails on the last non-zero one. A tier that
+# collected nothing (pytest's 5, e.g. `PYTEST_ARGS="-k name"` matching one tier) passes unless
+# every tier did, or EMPTY_TIER=fail (CI: every tier must collect tests).
+EMPTY_TIER ?= pass
 test: install
-	$(PY) -m pytest $(PYTEST_ARGS)
+	@codes=""; times=""; $(foreach t,$(TIERS),start=$$(date +%s); \
+	  echo "== make test: tier $(t) =="; $(call pytest_tier,$(t)); code=$$?; \
+	  spent=$$(( $$(date +%s) - start )); \
+	  echo "== make test: tier $(t) exited $$code in $$spent s =="; \
+	  codes="$$codes $$code"; times="$$times $(t)=$${spent}s/exit $$code";) \
+	echo "== make test: tiers:$$times =="; \
+	last=0; empty=0; for c in $$codes; do case $$c in 0) ;; 5) empty=$$((empty + 1)); \
+	  [ "$(EMPTY_TIER)" = fail ] && last=5;; *) last=$$c;; esac; done; \
+	[ "$$empty" -ne "$(words $(TIERS))" ] || last=5; \
+	[ "$$last" -ne 5 ] || echo "make test: a tier collected no tests (pytest exit 5)" >&2; \
+	exit $$last
 
 test-unit: install
-	$(PY) -m pytest -m "not e2e and not integration" $(PYTEST_ARGS)
+	$(call pytest_tier,unit)
 
 test-e2e: install
-	$(PY) -m pytest -m "e2e and not integration" $(PYTEST_ARGS)
+	$(call pytest_tier,e2e)
 
 test-integration: install
-	$(PY) -m pytest -m integration $(PYTEST_ARGS)
+	$(call pytest_tier,integration)
 
 lint: install
 	$(VENV)/bin/ruff check .

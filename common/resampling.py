@@ -37,7 +37,6 @@ from typing import Literal
 
 import numpy as np
 from numpy.typing import ArrayLike
-from scipy.stats import beta
 
 # The default number of resamples. At 10,000 the Monte Carlo error of a 95% percentile end is
 # a few hundredths of the interval's width, small beside any effect the suite reports, and the
@@ -92,6 +91,9 @@ def quantile_weights(n: int, q: float) -> np.ndarray:
     """Harrell-Davis weights of the n order statistics for the q-quantile."""
     if n == 1:
         return np.ones(1)
+    # imported here: scipy.stats costs about 1 s, and every CLI command imports this module
+    from scipy.stats import beta
+
     a, b = (n + 1) * q, (n + 1) * (1 - q)
     edges = beta.cdf(np.arange(n + 1) / n, a, b)
     return np.diff(edges)

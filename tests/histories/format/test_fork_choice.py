@@ -55,6 +55,8 @@ def test_the_samples_are_the_files_sources_md_names() -> None:
     (MSWEA, 80, "cat patch.txt", 82),  # mini-swe-agent 2: submit answered by `role: exit`
     (SWE_TEXT, 9, "python tests/missing_colon.py", 11),  # SWE-agent: history ends at submit
 ], ids=["minisweagent-v2-tool-calls", "swe-agent-text"])
+@pytest.mark.e2e  # the converted proxy model (`proxy_model`)
+@pytest.mark.usefixtures("proxy_model")
 def test_a_run_ending_in_submit_forks_at_its_last_answered_action_and_gets_arm_files(
         tmp_path: Path, sample: Path, fork: int, command: str, submit_at: int) -> None:
     history = import_history(sample)
@@ -75,6 +77,8 @@ def test_a_run_ending_in_submit_forks_at_its_last_answered_action_and_gets_arm_f
             history.messages[-1], history.action_protocol)
 
 
+@pytest.mark.e2e  # the converted proxy model (`proxy_model`)
+@pytest.mark.usefixtures("proxy_model")
 def test_swe_agent_turns_with_several_fenced_blocks_import_from_the_recorded_action(
         tmp_path: Path) -> None:
     raw = json.loads(SWE_MULTI.read_text())["history"]
@@ -101,6 +105,8 @@ def test_swe_agent_function_calling_says_its_tool_schemas_are_unknown() -> None:
         "tools/edit_linting, tools/submit) but not their schemas")
 
 
+@pytest.mark.e2e  # the converted proxy model (`proxy_model`)
+@pytest.mark.usefixtures("proxy_model")
 def test_the_commands_import_prints_run_as_printed(tmp_path: Path) -> None:
     runner = CliRunner()
     out = tmp_path / "histories" / "sqlfluff" / "clean.json"
@@ -175,6 +181,8 @@ def call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
             "function": {"name": name, "arguments": arguments}}
 
 
+@pytest.mark.e2e  # the converted proxy model (`proxy_model`)
+@pytest.mark.usefixtures("proxy_model")
 def test_a_chat_agents_replies_are_dialogue_not_reasoning(tmp_path: Path) -> None:
     messages = [
         {"role": "system", "content": "You are a support agent."},

@@ -1,10 +1,12 @@
 """The second paper's policies on hand-made histories, scored by the real proxy model: the
 embedded SmolLM2-135M in-process on the CPU (converted from its PyPI package on first use, like
-`make serve` does; nothing downloads)."""
+`make serve` does; nothing downloads). A test that uses them asks, through them, for the
+`proxy_model` fixture, and so is e2e."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,12 +18,12 @@ SCORER = ScorerConfig(model="embedded:smollm2-135m-instruct")
 
 
 @pytest.fixture(scope="session")
-def scorer_config() -> ScorerConfig:
+def scorer_config(proxy_model: Path) -> ScorerConfig:
     return SCORER
 
 
 @pytest.fixture(scope="session")
-def scorer() -> ProxyScorer:
+def scorer(proxy_model: Path) -> ProxyScorer:
     return ProxyScorer.shared(SCORER)
 
 

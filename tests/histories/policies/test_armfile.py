@@ -25,6 +25,9 @@ from compaction_bench.histories.policies.registry import parse_arm, stepwise_pol
 from compaction_bench.histories.policies.scorer import ScorerConfig
 from compaction_bench.histories.policies.segments import SKIP, split_segments
 
+# every test here scores or tokenizes with the converted proxy model (`proxy_model`): e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("proxy_model")]
+
 VACCINE = (histories_root() / "study" / "deepseek-v4-flash__vaccine-decision-v2__rep-01__seed-"
            "101000" / "clean.json")
 ARMS = ["entropy", "step-entropy", "delete-all-thinking", "keep-latest", "random-30"]

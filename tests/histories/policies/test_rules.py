@@ -3,6 +3,8 @@ proxy scorer (embedded SmolLM2, in-process on the CPU) and its real tokenizer.""
 
 from __future__ import annotations
 
+import pytest
+
 from compaction_bench.histories.policies.rules import (
     DeleteRule,
     EntropyRule,
@@ -12,6 +14,9 @@ from compaction_bench.histories.policies.rules import (
 )
 from compaction_bench.histories.policies.scorer import ProxyScorer, ProxyTokenizer, ScorerConfig
 from compaction_bench.histories.policies.segments import SKIP, ReasoningSpan, split_segments
+
+# every test here scores or tokenizes with the converted proxy model (`proxy_model`): e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("proxy_model")]
 
 # Measured with this scorer: a counting run is predictable (mean entropy about 0.8 nats), made-up
 # words are not (about 5 nats), so which one ICLR removes is known.

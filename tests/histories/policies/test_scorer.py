@@ -14,6 +14,9 @@ import torch
 from compaction_bench.histories.policies.scorer import ProxyScorer, ProxyTokenizer, ScorerConfig
 from compaction_bench.histories.policies.segments import split_segments
 
+# every test here scores or tokenizes with the converted proxy model (`proxy_model`): e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("proxy_model")]
+
 
 def test_segment_means_match_full_logits_in_float64(scorer: ProxyScorer) -> None:
     prefix = "<|im_start|>user\nList the files.<|im_end|>\n<|im_start|>assistant\n"

@@ -10,6 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from compaction_bench.histories.compaction.ledger import Ledger, read_ledger
 from compaction_bench.histories.format.history import History
 from compaction_bench.histories.format.invariant import compare_bodies
@@ -34,6 +36,8 @@ def with_pending(history: History) -> list[dict[str, Any]]:
         "tool_call_id"], "content": history.fork.pending_result}]
 
 
+@pytest.mark.e2e  # the converted proxy model (`proxy_model`)
+@pytest.mark.usefixtures("proxy_model")
 def test_each_step_is_decided_once_on_the_edited_history(
         scorer: ProxyScorer, make_native: Callable[..., History], tmp_path: Path) -> None:
     history = make_native(f"{GIBBERISH}\n\n{COUNTING}", f"{COUNTING}\n\n{GIBBERISH}")

@@ -59,6 +59,7 @@ settings.load_profile(os.environ.get("COMPBENCH_FUZZ") or "default")
 # session server's cold start (40-120 s). A test that needs more says so with its own
 # `@pytest.mark.timeout(...)`, which wins over these (the fault rows: the whole table at once).
 TIER_TIMEOUT_S = {"unit": 60, "e2e": 150, "integration": 900}
+PROXY_CONVERSION_S = 450  # added for tests that ask for `proxy_model` (it may convert first)
 
 
 def tier(item: pytest.Item) -> str:
@@ -188,7 +189,10 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
                                     f"`proxy_model` fixture, a child process on first use) but "
                                     f"is a unit test: mark it `@pytest.mark.e2e`")
         if item.get_closest_marker("timeout") is None:
-            item.add_marker(pytest.mark.timeout(TIER_TIMEOUT_S[tier(item)]))
+            # the first test to ask for the proxy model may wait for its conversion: 20 s
+            # idle, past 150 s in a CI clone with 4 busy e2e workers on 2 cores
+            extra = PROXY_CONVERSION_S if _needs_proxy_model(item) else 0
+            item.add_marker(pytest.mark.timeout(TIER_TIMEOUT_S[tier(item)] + extra))
     items.sort(key=_needs_server)  # stable: file order within each group
     if (any(map(_needs_server, items)) and not os.environ.get("COMPBENCH_TEST_SERVER_PORT")
             and not config.option.collectonly):

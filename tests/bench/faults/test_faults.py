@@ -6,6 +6,8 @@ exclusive ones alone), and each row's test reads its own results."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from compaction_bench.bench.faults.cli import ALL_ROWS, run_rows
@@ -21,6 +23,11 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 @pytest.fixture(scope="module")
 def fault_results(request: pytest.FixtureRequest,
                   tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[FaultResult]]:
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:  # the hostile rows count every sandbox process on the machine
+        pytest.fail(f"the fault table must run alone, not beside {workers - 1} other xdist "
+                    f"workers (their agent boxes read as escapes): `make test-e2e` runs it "
+                    f"after the parallel part; by hand: pytest {request.path}", pytrace=False)
     selected = {item.callspec.params["row"].name for item in request.session.items
                 if item.module is request.module and hasattr(item, "callspec")}
     return run_rows([r for r in ALL_ROWS if r.name in selected],

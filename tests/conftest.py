@@ -168,12 +168,12 @@ def _start_session_server() -> Server:
     return server
 
 
+def _uses(item: pytest.Item, fixture: str) -> bool:
+    return fixture in getattr(item, "fixturenames", ())
+
+
 def _needs_server(item: pytest.Item) -> bool:
-    return "cpu_server" in getattr(item, "fixturenames", ())
-
-
-def _needs_proxy_model(item: pytest.Item) -> bool:
-    return "proxy_model" in getattr(item, "fixturenames", ())
+    return _uses(item, "cpu_server")
 
 
 @pytest.hookimpl(trylast=True)  # after -m/-k deselection: only the tests that will run count
@@ -184,14 +184,14 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             raise pytest.UsageError(f"{item.nodeid} uses the `cpu_server` fixture (the real vLLM "
                                     f"server) but is not marked integration: mark it "
                                     f"`@pytest.mark.integration`")
-        if _needs_proxy_model(item) and tier(item) == "unit":
+        if _uses(item, "proxy_model") and tier(item) == "unit":
             raise pytest.UsageError(f"{item.nodeid} needs the converted proxy model (the "
                                     f"`proxy_model` fixture, a child process on first use) but "
                                     f"is a unit test: mark it `@pytest.mark.e2e`")
         if item.get_closest_marker("timeout") is None:
             # the first test to ask for the proxy model may wait for its conversion: 20 s
             # idle, past 150 s in a CI clone with 4 busy e2e workers on 2 cores
-            extra = PROXY_CONVERSION_S if _needs_proxy_model(item) else 0
+            extra = PROXY_CONVERSION_S if _uses(item, "proxy_model") else 0
             item.add_marker(pytest.mark.timeout(TIER_TIMEOUT_S[tier(item)] + extra))
     items.sort(key=_needs_server)  # stable: file order within each group
     if (any(map(_needs_server, items)) and not os.environ.get("COMPBENCH_TEST_SERVER_PORT")

@@ -124,11 +124,9 @@ plan: install
 	  $(if $(EXTRAPOLATION),--extrapolation $(EXTRAPOLATION))
 
 plan-check: install
-	@test -n "$(PLAN)" -a -n "$(RUNS)" || { echo "usage: make plan-check PLAN=<one-replica sweep run> RUNS=\"<sweep run through the router>...\" [SLO=...] [SLO_TIME=wall|postfork] [AGENTS=n] [REPLICAS=n]"; exit 2; }
+	@test -n "$(PLAN)" -a -n "$(RUNS)" || { echo "usage: make plan-check PLAN=<one-replica sweep run, planned first with make plan> RUNS=\"<sweep run through the router>...\" [REPLICAS=n]  (the check uses the plan's own settings, from PLAN's plan.json)"; exit 2; }
 	$(CB) plan-check $(call run_path,$(PLAN)) $(foreach r,$(RUNS),$(call run_path,$(r))) \
-	  $(if $(SLO),--slo $(SLO)) $(if $(SLO_TIME),--slo-time $(SLO_TIME)) \
-	  $(if $(AGENTS),--agents $(AGENTS)) $(if $(REPLICAS),--replicas $(REPLICAS)) \
-	  $(if $(SEED),--seed $(SEED))
+	  $(if $(REPLICAS),--replicas $(REPLICAS))
 
 kernels: install
 	$(CB) kernels run --profile $(PROFILE) --port $(PORT) $(if $(BASE_URL),--base-url $(BASE_URL))

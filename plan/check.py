@@ -17,8 +17,13 @@ replicas (`SWEEP_LEVELS=<R x agents per replica>`). Per check run, arm and level
 - held: measured quantile <= the plan's SLO in seconds; error: (predicted - measured) /
   measured in %, with n.
 
-Written atomically as plan_check.json and plan_check.md into PLAN_RUN; plan.md then states the
-policy its GPU counts were checked under (`checked_under`).
+The check uses the plan's own settings, read from PLAN_RUN/plan.json (`plan_settings`): the
+SLO, its time basis, the fleet, the reach, the bootstrap and its seed; a plan that was never
+made is refused, and nothing on the command line can change what is checked (issue 29: the
+check used to rebuild the plan from five flags and wrote it back over plan.md with its own
+defaults). Written atomically as plan_check.json and plan_check.md into PLAN_RUN; the plan's
+own files are never touched. The next `make plan` of PLAN_RUN states the policy its GPU counts
+were checked under (`checked_under`).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydantic import ValidationError
 
 from compaction_bench.common.files import write_json_atomic, write_text_atomic
 from compaction_bench.common.markdown import table
@@ -182,17 +188,33 @@ def check_markdown(plan: Plan, rows: list[CheckRow]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def plan_settings(run_dir: Path) -> PlanConfig:
+    """The settings the plan of `run_dir` was made with (its plan.json), for checking it."""
+    path = run_dir / "plan.json"
+    if not path.is_file():
+        raise PlanError(f"{path}: no plan to check; make it first: make plan RUN={run_dir.name} "
+                        "[SLO=...] [AGENTS=...]")
+    try:
+        stored = json.loads(path.read_text(encoding="utf-8"))["config"]
+        return PlanConfig.model_validate({**stored, "run_dir": run_dir, "plots": False})
+    except (PlanError, ValueError, KeyError, TypeError) as error:
+        if isinstance(error, ValidationError):
+            first = error.errors()[0]
+            why = f"{'.'.join(map(str, first['loc']))}: {first['msg']}"
+        else:
+            why = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise PlanError(f"{path}: field config is not a plan's settings ({why}); make the "
+                        f"plan again: make plan RUN={run_dir.name}") from error
+
+
 def write_check(config: PlanConfig, check_runs: list[Path], replicas: int | None = None
                 ) -> tuple[Path, Path, list[CheckRow]]:
-    """Check the plan, write plan_check.json and .md, then rewrite the plan so plan.md states
-    the policy it was checked under."""
-    from compaction_bench.plan.planner import write_plan
-
+    """Check the plan made with `config` and write plan_check.json and .md beside it; the
+    plan's own files are left as they are."""
     plan, rows = check_plan(config, check_runs, replicas)
     out = config.run_dir
     write_json_atomic(out / CHECK_JSON, check_document(plan, rows))
     write_text_atomic(out / CHECK_MD, check_markdown(plan, rows))
-    write_plan(config)
     return out / CHECK_MD, out / CHECK_JSON, rows
 
 

@@ -71,25 +71,16 @@ def plan_check(
     plan_run: Annotated[Path, typer.Argument(help="the one-replica sweep the plan comes from")],
     check_runs: Annotated[list[Path], typer.Argument(
         help="sweep runs through the router at the planned fleet (one per routing policy)")],
-    slo: Annotated[str, typer.Option(help="latency target, as for `plan`")] = DEFAULT_SLO,
-    slo_time: Annotated[str, typer.Option(
-        help="the time the SLO bounds: wall (postfork + inline rewriting) or postfork")
-    ] = DEFAULT_SLO_TIME,
-    agents: Annotated[int, typer.Option(help="fleet size of the plan", min=1)
-                      ] = DEFAULT_AGENTS,
     replicas: Annotated[int | None, typer.Option(
         help="replicas behind the router, where the check runs' manifests do not say", min=1)
     ] = None,
-    bootstrap: Annotated[int, typer.Option(help="bootstrap resamples", min=100)
-                         ] = RESAMPLES,
-    seed: Annotated[int, typer.Option(help="seed of the bootstrap", min=0)] = 0,
 ) -> None:
     """Check a one-replica plan against runs through the router: predicted vs measured SLO
-    quantile per arm and routing policy (plan_check.md/json in PLAN_RUN; plan.md rewritten)."""
-    from compaction_bench.plan.check import write_check
+    quantile per arm and routing policy, with the plan's own settings (its plan.json), written
+    to plan_check.md/json in PLAN_RUN; the plan itself is not rewritten."""
+    from compaction_bench.plan.check import plan_settings, write_check
 
-    config = PlanConfig(run_dir=plan_run, slo=slo, slo_time=slo_time,  # type: ignore[arg-type]
-                        agents=agents, bootstrap=bootstrap, seed=seed)
+    config = plan_settings(plan_run)
     markdown, document, rows = write_check(config, check_runs, replicas)
     for r in rows:
         error = "-" if r.error_pct is None else f"{r.error_pct:+.1f}%"
@@ -101,3 +92,5 @@ def plan_check(
                    f"error {error} (n={r.n})")
     typer.echo(f"check: {markdown}")
     typer.echo(f"json:  {document}")
+    typer.echo(f"plan.md is unchanged; make the plan again (make plan RUN={plan_run.name}) "
+               "for it to state the policy it was checked under")

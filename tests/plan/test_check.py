@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from compaction_bench.plan.check import Fleet, check_plan, fleet_of, write_check
+from compaction_bench.plan.check import Fleet, check_plan, fleet_of, plan_settings, write_check
 from compaction_bench.plan.observations import observe
-from compaction_bench.plan.planner import build_plan
+from compaction_bench.plan.planner import build_plan, write_plan
 from compaction_bench.plan.settings import PlanConfig, PlanError
 
 URLS = ["http://127.0.0.1:18401", "http://127.0.0.1:18402"]
@@ -67,22 +67,52 @@ def test_the_check_reports_prediction_error_and_the_slo_per_policy(
 def test_the_files_and_the_policy_line_in_plan_md(truth: Any,
                                                   make_sweep: Callable[..., Path]) -> None:
     config, planned, checks = _setup(truth, make_sweep)
-    from compaction_bench.plan.planner import write_plan
-
     write_plan(config)
     unchecked = (config.run_dir / "plan.md").read_text()
+    before = {name: (config.run_dir / name).read_bytes() for name in ("plan.md", "plan.json")}
     assert "unchecked: measure it with `make plan-check" in unchecked
     assert f"(the planned fleet for 2 replicas: clean {planned}, self " in unchecked
-    markdown, document, _ = write_check(config, checks[:1])
+    markdown, document, _ = write_check(plan_settings(config.run_dir), checks[:1])
     data = json.loads(document.read_text())
     assert data["schema"] == "compbench.plan_check" and data["policies"] == ["round_robin"]
     assert {r["arm"] for r in data["rows"]} == {"clean", "self"}
     assert all(r["n"] == 200 and r["replicas"] == 2 for r in data["rows"])
     text = markdown.read_text()
     assert f"| round_robin | 2 | clean | {planned} (planned) |" in text
+    # the check never rewrites the plan it checks (issue 29)
+    assert {name: (config.run_dir / name).read_bytes() for name in before} == before
+    write_plan(config)  # the next plan states the policy it was checked under
     plan_md = (config.run_dir / "plan.md").read_text()
     assert "GPU counts assume the routing policy they were checked under" in plan_md
     assert "round_robin (SLO held at every checked level, largest prediction error" in plan_md
+
+
+def test_the_check_uses_the_plans_own_settings(truth: Any,
+                                               make_sweep: Callable[..., Path]) -> None:
+    """Issue 29: plan-check rebuilt the plan from its own flags' defaults (SLO p90:2x, 100
+    agents, no price) and wrote that over plan.md. Now it reads the settings the plan was made
+    with, and a plan that was never made is refused."""
+    _, _, checks = _setup(truth, make_sweep)
+    plan_run = make_sweep("plan-own", seed=1)
+    with pytest.raises(PlanError, match=r"plan.json: no plan to check; make it first: "
+                       r"make plan RUN=plan-own"):
+        plan_settings(plan_run)
+    made = PlanConfig(run_dir=plan_run, slo="p90:150s", agents=1000, gpu_hour_usd=3.6,
+                      extrapolation=3.0, bootstrap=300, seed=4, plots=False)
+    write_plan(made)
+    before = (plan_run / "plan.md").read_bytes()
+    settings = plan_settings(plan_run)
+    assert settings.model_dump(exclude={"plots"}) == made.model_dump(exclude={"plots"})
+    plan, rows = check_plan(settings, checks[:1])
+    assert plan.config.slo == "p90:150s" and plan.config.agents == 1000
+    assert {r.slo_s for r in rows} == {150.0}
+    write_check(settings, checks[:1])
+    assert (plan_run / "plan.md").read_bytes() == before
+    stored = json.loads((plan_run / "plan.json").read_text())
+    stored["config"] = {"slo": "p90:fast"}
+    (plan_run / "plan.json").write_text(json.dumps(stored))
+    with pytest.raises(PlanError, match=r"plan.json: field config is not a plan's settings"):
+        plan_settings(plan_run)
 
 
 def test_the_policy_and_replicas_come_from_the_manifest(
@@ -106,9 +136,11 @@ def test_the_policy_and_replicas_come_from_the_manifest(
 def test_make_plan_check_prints_the_prediction_error(
         truth: Any, make_sweep: Callable[..., Path]) -> None:
     config, planned, checks = _setup(truth, make_sweep)
+    write_plan(config)
+    plan_md = (config.run_dir / "plan.md").read_bytes()
     done = subprocess.run(
         [sys.executable, "-m", "compaction_bench", "plan-check", str(config.run_dir),
-         *map(str, checks), "--slo", config.slo, "--bootstrap", "200"],
+         *map(str, checks)],
         capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
@@ -117,3 +149,5 @@ def test_make_plan_check_prints_the_prediction_error(
                for line in lines), done.stdout
     assert any(line.startswith("bad x2 clean") and "SLO MISSED" in line for line in lines)
     assert (config.run_dir / "plan_check.md").is_file()
+    assert "plan.md is unchanged" in done.stdout
+    assert (config.run_dir / "plan.md").read_bytes() == plan_md

@@ -56,8 +56,11 @@ def curve_plot(plan: Plan, path: Path) -> Path | None:
     figure = Figure(figsize=(7.5, 4.8))
     ax = figure.subplots()
     top_measured = max(lv.level for c in plan.capacity.values() for lv in c.levels)
-    right = max(top_measured * 1.5, *(c.agents + 1 for c in plan.capacity.values()
-                                      if c.agents is not None))
+    # a list: with no arm bounded (every one unbounded, beyond the reach, or at 0 agents) the
+    # old max(x, *()) was max(x) of a float and raised (issue 29)
+    right = max([top_measured * 1.5,
+                 *(c.agents + 1 for c in plan.capacity.values() if c.agents is not None),
+                 *(c.beyond * 1.05 for c in plan.capacity.values() if c.beyond is not None)])
     _extrapolated_band(ax, top_measured, right)
     counts = []
     for i, (arm, cap) in enumerate(plan.capacity.items()):
@@ -81,6 +84,16 @@ def curve_plot(plan: Plan, path: Path) -> Path | None:
                     label=f"{arm}: {cap.agents} agents/GPU [{cap.agents_ci[0]}, "
                     f"{cap.agents_ci[1]}] ({cap.binding}"
                     f"{', extrapolated' if cap.extrapolated else ''})")
+        elif cap.beyond is not None:  # a bound, never a number: the plan says "> reach"
+            ax.axvline(cap.beyond, color=c, linestyle=":", linewidth=1.2)
+            ax.plot([cap.beyond], [cap.slo_s], marker=">", color=c, markersize=9,
+                    label=f"{arm}: > {cap.beyond:g} agents/GPU (beyond measured range)")
+        elif cap.unbounded:
+            ax.plot([], [], marker="^", color=c, linestyle="none",
+                    label=f"{arm}: unbounded (the SLO is met at every level, no engine limit)")
+        else:  # agents == 0: not even one agent meets the SLO
+            ax.plot([], [], marker="x", color=c, linestyle="none",
+                    label=f"{arm}: 0 agents/GPU (the SLO is missed by one agent alone)")
         counts.append(sum(weights))
     first = next(iter(plan.capacity.values()))
     ax.axhline(first.slo_s, color="#d62728", linewidth=1.2, label=f"SLO {slo.label}"

@@ -114,3 +114,20 @@ def test_a_run_without_clean_names_the_missing_break_even(make_sweep: Callable[.
     assert not plan.breakeven
     assert any("break-even uses and every saving need the clean arm" in line
                and "ARMS=clean" in line for line in plan.cannot)
+
+
+def test_the_curve_plot_draws_arms_without_a_number(make_sweep: Callable[..., Path],
+                                                    truth: Any) -> None:
+    """Issue 29: with no arm bounded, the curve plot's x limit was `max(x, *())`, a TypeError,
+    so `make plan` of an unbounded sweep crashed after the whole bootstrap and wrote nothing.
+    Unbounded and beyond-the-reach arms are drawn, and named in the legend."""
+    from compaction_bench.plan.planner import write_plan
+
+    flat = type(truth)(b=0.0, sigma=0.0)
+    bent = type(truth)(a=20.0, b=0.2, c=0.05, sigma=0.1)
+    for name, shape, slo in (("flat", flat, 2 * flat.a), ("bent", bent, 130.0)):
+        run = make_sweep(name, truth=shape, max_num_seqs=None)
+        files = write_plan(PlanConfig(run_dir=run, slo=f"p90:{slo}s", bootstrap=200))
+        curve = run / "plots" / "plan_curve.png"
+        assert curve in files.plots and curve.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert "plots/plan_curve.png" in files.markdown.read_text()

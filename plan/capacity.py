@@ -396,11 +396,13 @@ class FleetNeed:
     beyond: float | None = None  # capacity past the extrapolation reach: gpus_ci[1] = at most
 
 
-def gpus_needed(capacity: ArmCapacity, fleet: int, gpus_per_replica: int,
-                confidence: float) -> FleetNeed:
-    """ceil(fleet / agents per replica) replicas of the profile's GPUs, with the interval from
-    the bootstrap's agents per replica: a resample with none attainable needs infinitely many,
-    one with unbounded capacity one replica (what is known: at least that)."""
+def gpus_needed(capacity: ArmCapacity, fleet: int, gpus_per_replica: int) -> FleetNeed:
+    """ceil(fleet / agents per replica) replicas of the profile's GPUs. The interval is the
+    agents interval mapped through the same function (fewest GPUs at its high end, most at its
+    low end), so the two intervals cannot disagree (issue 29: GPUs were read off the sampling
+    resamples alone while agents also held the model-error band, and a plan printed agents
+    [7, 12] beside GPUs [112, 143] for 1,000 agents). A low end of 0 agents needs infinitely
+    many GPUs (None); an infinite high end needs one replica (what is known: at least that)."""
     if capacity.beyond is not None:  # more than `reach` agents per replica: at most this many
         most = max(1, math.ceil(fleet / max(1, math.floor(capacity.beyond))))
         return FleetNeed(fleet, None, (gpus_per_replica, most * gpus_per_replica), None,
@@ -410,10 +412,11 @@ def gpus_needed(capacity: ArmCapacity, fleet: int, gpus_per_replica: int,
     if capacity.agents <= 0:
         return FleetNeed(fleet, None, (None, None), None)
     replicas = math.ceil(fleet / capacity.agents)
-    reps = capacity.replicates
-    with np.errstate(divide="ignore", invalid="ignore"):
-        need = np.where(reps > 0, np.maximum(1.0, np.ceil(fleet / np.maximum(reps, 1))),
-                        np.inf) * gpus_per_replica
-    low, high = interval(need, confidence)
+    fewest, largest = capacity.agents_ci
+
+    def gpus_for(agents: float) -> int:
+        return max(1, math.ceil(fleet / agents)) * gpus_per_replica
+
     return FleetNeed(fleet, replicas * gpus_per_replica,
-                     (int(low), None if math.isinf(high) else math.ceil(high)), replicas)
+                     (gpus_per_replica if math.isinf(largest) else gpus_for(max(largest, 1.0)),
+                      None if fewest < 1 else gpus_for(fewest)), replicas)

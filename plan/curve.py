@@ -242,31 +242,48 @@ def model_error(lolo: Sequence[dict[str, float | bool]], levels: Sequence[float]
                       prev_gap=float(levels[-2]) - float(levels[-3]))
 
 
+EDGE_GRID = 128  # grid cells over (0, reach] in which the first crossing is looked for
+
+
 def largest_meeting_batch(batch: CurveBatch, targets: ArrayLike, error: ModelError, sign: int,
                           reach: float) -> np.ndarray:
-    """Per curve of a batch (a bootstrap's resamples), the largest N in (0, reach] with
-    curve(N) x (1 + sign x band) <= target, the band `error` at N's distance past the largest
-    level (sign +1: the pessimistic edge, -1: the optimistic one): applied to each resample,
-    so an interval read off these holds both the sampling and the model error. NaN where no N
-    > 0 meets it, inf where N = reach still does. Bisection: the pessimistic edge only grows
-    with N; the optimistic one may bend, and bisection then finds one of its crossings."""
+    """Per curve of a batch (a bootstrap's resamples), the largest N in (0, reach] such that
+    the band's edge meets the target at every n <= N: the first crossing of edge(n) = target.
+    The edge is curve(n) x (1 + band) for sign +1 (pessimistic) and curve(n) / (1 + band) for
+    sign -1 (optimistic), the band `error` at n's distance past the largest level: applied to
+    each resample, so an interval read off these holds both the sampling and the model error.
+    NaN where no N > 0 meets it, inf where every n up to the reach does.
+
+    Issue 29: the optimistic edge was curve x (1 - band), which reaches 0 (then -inf) where the
+    band passes 1, so on a bending curve the edge met the target again at the reach and the
+    interval's upper end read infinite for a crossing well inside the measured levels. The
+    optimistic edge now stays positive (the band's mirror in log space), and the crossing is the
+    first one: a grid scan of EDGE_GRID cells over (0, reach], then bisection inside the first
+    cell that fails (a dip narrower than reach / EDGE_GRID can be missed)."""
     target = np.broadcast_to(np.asarray(targets, dtype=float), (len(batch.fitted),))
     high = float(batch.levels[-1])
+    rows = len(target)
 
     def edge(n: np.ndarray) -> np.ndarray:
-        factor = 1 + sign * error.at(n - high)
-        with np.errstate(invalid="ignore"):
-            return np.where(factor <= 0, -np.inf, batch.at(n) * factor)
+        factor = 1 + np.asarray(error.at(n - high), dtype=float)
+        values = np.asarray(batch.at(n), dtype=float)
+        out: np.ndarray = values * factor if sign > 0 else values / factor
+        return out
 
-    top = np.full(len(target), reach)
-    out = np.full(len(target), np.nan)
-    out[edge(top) <= target] = np.inf
-    bottom = np.full(len(target), 1e-9)
-    open_ = np.isnan(out) & (edge(bottom) <= target)
-    lo, hi = np.zeros(len(target)), top.copy()
-    for _ in range(50):
+    grid = np.linspace(0.0, reach, EDGE_GRID + 1)
+    grid[0] = 1e-9
+    first_fail = np.full(rows, -1)
+    for k, n in enumerate(grid):
+        fails = (first_fail < 0) & ~(edge(np.full(rows, n)) <= target)
+        first_fail[fails] = k
+    out = np.full(rows, np.nan)  # fails at the first point: no N > 0 meets the target
+    out[first_fail < 0] = np.inf
+    inside = first_fail > 0
+    lo = np.where(inside, grid[np.maximum(first_fail - 1, 0)], 0.0)
+    hi = np.where(inside, grid[np.maximum(first_fail, 0)], 0.0)
+    for _ in range(40):
         mid = (lo + hi) / 2
         ok = edge(mid) <= target
         lo, hi = np.where(ok, mid, lo), np.where(ok, hi, mid)
-    out[open_] = lo[open_]
+    out[inside] = lo[inside]
     return out

@@ -95,7 +95,7 @@ def build_plan(config: PlanConfig) -> Plan:
     b, conf = config.bootstrap, config.confidence
     capacity = plan_capacity(obs, config) if obs.is_sweep else {}
     gpus = obs.engine.gpus_per_replica
-    fleets = {arm: [gpus_needed(cap, n, gpus, conf) for n in fleet_sizes(config.agents)]
+    fleets = {arm: [gpus_needed(cap, n, gpus) for n in fleet_sizes(config.agents)]
               for arm, cap in capacity.items()}
     levels = {arm: level_figures(cap, obs, prices, b=b, confidence=conf, rng=rng)
               for arm, cap in capacity.items()}

@@ -28,7 +28,7 @@ def test_the_sequence_cap_binds_through_the_measured_duty(make_sweep: Callable[.
     assert cap.kv_cap == 6  # floor(100 blocks x 128 / (2000 prompt + 100 completion))
     assert (cap.agents, cap.binding) == (3, "max_num_seqs")
     assert not cap.extrapolated and cap.agents_ci == (3, 3)
-    need = gpus_needed(cap, 100, 1, 0.95)
+    need = gpus_needed(cap, 100, 1)
     assert (need.gpus, need.replicas) == (34, 34)  # ceil(100 / 3)
     per_task = plan.operating["clean"]
     assert per_task is not None and per_task.agents == 3

@@ -88,7 +88,7 @@ def test_unbounded_capacity_is_named_not_counted_as_zero(make_sweep: Callable[..
     cap = plan.capacity["clean"]
     assert cap.agents is None and cap.unbounded and cap.binding == UNBOUNDED
     assert math.isinf(cap.agents_ci[1]) and np.all(np.isinf(cap.replicates))
-    need = gpus_needed(cap, 100, 1, 0.95)
+    need = gpus_needed(cap, 100, 1)
     assert need.unbounded and need.gpus is None and need.gpus_ci == (1, None)
     markdown = plan_markdown(plan, plan_json(plan, ()), ())
     assert "**unbounded**" in markdown and "**0**" not in markdown
@@ -131,3 +131,31 @@ def test_the_curve_plot_draws_arms_without_a_number(make_sweep: Callable[..., Pa
         curve = run / "plots" / "plan_curve.png"
         assert curve in files.plots and curve.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert "plots/plan_curve.png" in files.markdown.read_text()
+
+
+def test_a_crossing_inside_the_levels_has_a_finite_interval_and_gpus_agree_with_agents(
+        truth: Any, make_sweep: Callable[..., Path]) -> None:
+    """Edge 3 of issue 29: a quadratic truth crossing the SLO at N = 9.04, inside the measured
+    levels (1-16, 8 continuations each). The old optimistic edge curve x (1 - band) went to
+    -inf where the band passed 1, so N's interval read [8.2, inf] in all 6 seeds (measured on
+    the old code) and the agents interval [8, inf] sat beside GPUs [12, 13] for 100 agents.
+    Now N's interval is finite, inside the levels, covers the truth in at least 5 of the 6
+    seeds (6 measured), and the GPUs interval is the agents interval mapped through
+    ceil(100 / agents)."""
+    bent = type(truth)(a=20.0, b=1.0, c=0.3, sigma=0.1)
+    slo = bent.quantile(9.04, 0.9)
+    covered = 0
+    for seed in range(6):
+        run = make_sweep(f"bent-{seed}", seed=seed, truth=bent, max_num_seqs=None,
+                         levels=(1, 2, 4, 8, 16), per_level=8)
+        cap = build_plan(PlanConfig(run_dir=run, slo=f"p90:{slo}s", bootstrap=300, seed=seed,
+                                    plots=False)).capacity["clean"]
+        low, high = cap.n_slo_ci
+        assert math.isfinite(high) and high < 16, (seed, cap.n_slo_ci)
+        covered += low <= 9.04 <= high
+        fewest, most = cap.agents_ci
+        assert 1 <= fewest <= most < 16, (seed, cap.agents_ci)
+        need = gpus_needed(cap, 100, 1)
+        assert need.gpus_ci == (math.ceil(100 / most), math.ceil(100 / fewest)), (
+            seed, cap.agents_ci, need.gpus_ci)
+    assert covered >= 5, covered

@@ -68,7 +68,7 @@ def test_capacity_past_the_extrapolation_limit_is_a_bound_not_a_number(
     assert cap.agents is None and not cap.unbounded and cap.beyond == 16.0
     assert cap.binding.startswith("beyond measured range: > 16")
     assert cap.n_slo is not None and np.isinf(cap.n_slo)
-    need = gpus_needed(cap, 100, 1, 0.95)
+    need = gpus_needed(cap, 100, 1)
     assert need.gpus is None and need.gpus_ci == (1, 7) and need.beyond == 16.0
     assert need.gpus_ci[1] is not None and need.gpus_ci[1] >= 100 / bent.agents_at(slo, 0.9)
     document = plan_json(plan, ())

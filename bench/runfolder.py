@@ -50,6 +50,9 @@ class RunFolderError(AnalysisError):
     """A run folder does not exist or is not a folder."""
 
 
+CENSORED = "TimeExceeded"  # the terminal status of an arm stopped at the wall limit
+
+
 @dataclass(frozen=True)
 class ArmRecord:
     """One attempt of one arm in one block. Times are seconds on the run's monotonic clock.
@@ -122,6 +125,12 @@ class ArmRecord:
     @property
     def complete(self) -> bool:
         return self.status == "complete"
+
+    @property
+    def censored(self) -> bool:
+        """Stopped by the arm wall limit (`arm_wall_s`): its status is complete but its time
+        and tokens are lower bounds of the true ones."""
+        return self.terminal_status == CENSORED
 
     @property
     def failure_reason(self) -> str:

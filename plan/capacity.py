@@ -25,13 +25,16 @@ bootstrap's interval widened by, per resample, the band of the top level's leave
 residual (plan.curve.ModelError), which grows with the distance past the largest level.
 
 Failed continuations count as SLO misses (issue 22): a failed task gave the agent nothing, so
-it ranks above every complete one. A level whose failed share exceeds 1 - q cannot meet the
-SLO's q-quantile at all, whatever the complete ones' times: it leaves the fit and caps N, N
-meeting the SLO included, below itself (binding "failures at N=..."),
-and a level that lost every continuation is named (`lost`). Elsewhere the q-quantile over all
-continuations is the q n_all / n_ok quantile of the complete ones. Throughput counts completed
-tasks: the cycle per task is every continuation's cycle (failed ones too) over the completed
-ones.
+it ranks above every complete one. So does a censored one (stopped at the arm wall limit,
+terminal status TimeExceeded): it took at least the limit, so it ranks above every finished one
+and counts with the failures (`failed`, of which `censored`), and plan.md names it (issue 29:
+it entered the quantile at the limit, and overstated capacity). A level whose failed share
+exceeds 1 - q cannot meet the SLO's q-quantile at all, whatever the complete ones' times: it
+leaves the fit and caps N, N meeting the SLO included, below itself (binding "failures at
+N=..."), and a level that lost every continuation is named (`lost`). Elsewhere the q-quantile
+over all continuations is the q n_all / n_ok quantile of the complete ones. Throughput counts
+completed tasks: the cycle per task is every continuation's cycle (failed ones too) over the
+completed ones.
 
 Quantiles are Harrell-Davis estimates. Intervals: a joint bootstrap resamples each (arm,
 level)'s continuations with replacement (B times, one seeded generator; smoothed for the
@@ -75,6 +78,8 @@ class Level:
     duty: float | None
     resident_tokens: list[int]
     failed_cycle_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    censored: int = 0  # of `failed`: stopped at the arm wall limit, so at least that long
+    censored_at_s: float | None = None  # the longest censored postfork time (the limit)
 
     @property
     def n(self) -> int:
@@ -170,14 +175,19 @@ def _levels(continuations: list[Continuation]) -> list[Level]:
     out = []
     for level in sorted(by_level):
         group = by_level[level]
-        ok = [c for c in group if c.complete]
+        # a censored continuation (stopped at the arm wall limit) took at least the limit: it
+        # ranks above every finished one, as a failure does (issue 29: it entered at the limit)
+        ok = [c for c in group if c.complete and not c.censored]
+        missed = [c for c in group if not (c.complete and not c.censored)]
         busy = [(c.busy_s, c.cycle_s) for c in ok if c.busy_s is not None and c.cycle_s > 0]
         out.append(Level(
             level=level, postfork_s=np.array([c.postfork_s for c in ok]),
-            cycle_s=np.array([c.cycle_s for c in ok]), failed=len(group) - len(ok),
+            cycle_s=np.array([c.cycle_s for c in ok]), failed=len(missed),
             duty=min(1.0, sum(b for b, _ in busy) / sum(t for _, t in busy)) if busy else None,
             resident_tokens=[c.resident_tokens for c in ok if c.resident_tokens is not None],
-            failed_cycle_s=np.array([c.cycle_s for c in group if not c.complete])))
+            failed_cycle_s=np.array([c.cycle_s for c in missed]),
+            censored=sum(c.censored for c in group),
+            censored_at_s=max((c.postfork_s for c in group if c.censored), default=None)))
     return out
 
 

@@ -46,6 +46,7 @@ class Continuation:
     postfork_s: float
     complete: bool
     level: int | None = None
+    censored: bool = False  # stopped at the arm wall limit (TimeExceeded): its time is a bound
     agent: int | None = None
     index: int | None = None
     rewrite_s: float | None = None
@@ -224,7 +225,8 @@ def _continuation(r: ArmRecord, figures: Mapping[RequestKey, tuple[int | None, f
     peak, busy = figures.get(continuation_key(r), (None, None))
     return Continuation(
         arm=r.arm, condition=r.regime, block=r.block, postfork_s=r.postfork_s,
-        complete=r.complete, level=r.level, agent=r.sweep_agent, index=r.sweep_index,
+        complete=r.complete, censored=r.censored, level=r.level, agent=r.sweep_agent,
+        index=r.sweep_index,
         rewrite_s=r.rewrite_s, fork_rewrite_s=r.fork_rewrite_s,
         rewrite_tokens=_tokens(r.rewrite_prompt_tokens, r.rewrite_completion_tokens),
         fork_rewrite_tokens=_tokens(r.fork_rewrite_prompt_tokens,

@@ -64,6 +64,7 @@ def _arm(plan: Plan, cap: ArmCapacity) -> dict[str, Any]:
     for j, lv in enumerate(cap.levels):
         f = figures.get(f"N={lv.level}")
         levels.append({"level": lv.level, "n": lv.n, "failed": lv.failed,
+                       "censored": lv.censored, "censored_at_s": num(lv.censored_at_s),
                        "quantile_s": num(float(cap.quantiles[j])),
                        "quantile_ci": pair(cap.quantile_ci[j]), "quantile_of": cap.slo_time,
                        "median_s": num(float(np.median(lv.postfork_s)) if lv.n else None),
@@ -93,7 +94,8 @@ def _arm(plan: Plan, cap: ArmCapacity) -> dict[str, Any]:
             "n_continuations": sum(lv.n for lv in cap.levels)},
         "levels": levels,
         "excluded_levels": [{"level": lv.level, "n": lv.n, "failed": lv.failed,
-                             "lost": lv.n == 0} for lv in cap.excluded],
+                             "censored": lv.censored, "lost": lv.n == 0}
+                            for lv in cap.excluded],
         "fit": {"method": FIT_METHOD, "leave_one_level_out": cap.lolo,
                 "lolo_mape_interior_pct": num(cap.lolo_mape),
                 "lolo_mape_all_pct": num(cap.lolo_mape_all)},

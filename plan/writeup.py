@@ -95,13 +95,15 @@ def _capacity(plan: Plan, document: dict[str, Any]) -> list[str]:
                      f"{' (extrapolated)' if cap.n_slo_extrapolated else ''}",
                      str(cap.kv_cap or "-"), f"{cap.seq_cap or '-'} (duty {fmt(cap.duty)})",
                      f"{sum(lv.n for lv in cap.levels)} "
-                     f"({sum(lv.failed for lv in cap.levels)} failed)"])
+                     f"({sum(lv.failed for lv in cap.levels)} failed"
+                     f"{_censored_note(sum(lv.censored for lv in cap.levels))})"])
     lines += table(["arm", f"agents per replica ({engine.gpus_per_replica} GPU)",
                     "agents per GPU", "binding limit", "N meeting the SLO", "KV-cache cap",
                     "sequence cap", "n"], rows)
     lines += ["", "A replica is the profile's GPUs serving one engine; agents per GPU = agents "
               f"per replica / {engine.gpus_per_replica}. Failed continuations count as SLO "
-              "misses (plan/capacity.py). *unbounded*: the curve never reaches the SLO within "
+              "misses, and so do censored ones (stopped at the arm wall limit; counted among "
+              "the failed) (plan/capacity.py). *unbounded*: the curve never reaches the SLO within "
               "what was measured and no engine limit is known, so no upper end exists. "
               "The plan extrapolates at most "
               f"{plan.config.extrapolation:g}x the largest measured level: past that, *> N* "
@@ -111,9 +113,16 @@ def _capacity(plan: Plan, document: dict[str, Any]) -> list[str]:
               "distance (plan/curve.py `ModelError`).", "", _routing(plan)]
     lines += [f"- {arm}: N={lv.level} left out of the fit: "
               + ("every continuation failed" if lv.n == 0 else
-                 f"{lv.failed}/{lv.n_all} failed, so its p"
+                 f"{lv.failed}/{lv.n_all} failed{_censored_note(lv.censored)}, so its p"
                  f"{100 * slo.quantile:g} is a miss") + f" (n={lv.n_all})"
               for arm, cap in plan.capacity.items() for lv in cap.excluded]
+    lines += [f"- {arm}: N={lv.level}: {lv.censored} of {lv.n_all} continuations were censored "
+              f"at the arm wall limit (TimeExceeded after {fmt(lv.censored_at_s, 0)} s): they "
+              "count as misses, ranked above every finished one, since their true times are "
+              "only known to be longer; raise ARM_WALL_S above the SLO to measure them"
+              for arm, cap in plan.capacity.items()
+              for lv in sorted([*cap.levels, *cap.excluded], key=lambda lv: lv.level)
+              if lv.censored]
     source = engine.kv_source or "not recorded"
     lines += ["", f"KV pool: {fmt(engine.kv_pool_tokens, 0)} tokens ({source}); resident "
               "tokens per agent = the SLO's quantile of each "
@@ -148,6 +157,11 @@ def _capacity(plan: Plan, document: dict[str, Any]) -> list[str]:
     lines += table(["arm", "agents per replica", "tasks per GPU-hour", "GPU-s per task",
                     "cost per task", "J per task"], rows)
     return [*lines, ""]
+
+
+def _censored_note(count: int) -> str:
+    """`, 2 censored` where some misses were stopped at the arm wall limit."""
+    return f", {count} censored" if count else ""
 
 
 def _unbounded(value: float | None, digits: int = 0, reach: float | None = None) -> str:
@@ -198,7 +212,8 @@ def _levels(plan: Plan) -> list[str]:
         for lv in sorted([*cap.levels, *cap.excluded], key=lambda lv: lv.level):
             f = figures[f"N={lv.level}"]
             j = fitted.get(lv.level)
-            rows.append([arm, str(lv.level), str(lv.n), str(lv.failed),
+            rows.append([arm, str(lv.level), str(lv.n),
+                         f"{lv.failed}{_censored_note(lv.censored)}",
                          "missed (failures)" if j is None else
                          f"{fmt(float(cap.quantiles[j]), 1)}{interval(cap.quantile_ci[j], 1)}",
                          "-" if j is None or not lv.n else fmt(float(hd_quantile(

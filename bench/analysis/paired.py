@@ -41,7 +41,6 @@ from compaction_bench.bench.runfolder import (
 )
 
 POOLED = "pooled"
-CENSORED = "TimeExceeded"  # the terminal status of an arm stopped at the wall limit
 BlockKey = tuple[str, int]
 
 HELPER_WAIT_LIMIT_S = 1.0  # a longer wait for a lazy helper start: the block is not fair
@@ -295,7 +294,7 @@ def _paired(
 
 def is_censored(record: ArmRecord) -> bool:
     """Stopped by the wall limit: its time and tokens are lower bounds of the true ones."""
-    return record.terminal_status == CENSORED
+    return record.censored
 
 
 def _with_rewrite(record: ArmRecord) -> float | None:

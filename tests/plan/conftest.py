@@ -65,7 +65,8 @@ def write_sweep_run(path: Path, *, seed: int, truth: Truth = Truth(),
                     fail_above_s: float | None = None, gpus: int = 1,
                     arm_names: tuple[str, ...] = ("clean", "self"), inline_rewrite_s: float = 0.0,
                     config: dict[str, Any] | None = None,
-                    fail_share: dict[int, float] | None = None) -> Path:
+                    fail_share: dict[int, float] | None = None,
+                    censor_above_s: float | None = None) -> Path:
     """A sweep run folder (module docstring). With `requests`, every continuation gets three
     requests spanning 60% of it (duty 0.6) with 1000 + 500 k prompt tokens. With `power_w`,
     `gpu.jsonl` has two GPUs drawing power_w / 2 each, sampled every second, as NVML lines.
@@ -74,7 +75,9 @@ def write_sweep_run(path: Path, *, seed: int, truth: Truth = Truth(),
     With `inline_rewrite_s`, every measured `self` continuation waits that long for its inline
     rewriting (`rewrite_s`) besides its postfork time. `config` is the manifest's bench config
     (replicas, router policy). `fail_share` {N: share}: that share of level N's measured
-    continuations (the first of each arm) fail, whatever their time."""
+    continuations (the first of each arm) fail, whatever their time. With `censor_above_s`, a
+    measured continuation whose time would exceed it is stopped there as the arm wall limit
+    stops one: status complete, terminal status TimeExceeded, postfork_s = the limit."""
     rng = np.random.default_rng(seed)
     arms: list[ArmRecord] = []
     blocks: list[BlockRecord] = []
@@ -103,9 +106,14 @@ def write_sweep_run(path: Path, *, seed: int, truth: Truth = Truth(),
                         * agents * per_agent)
                     postfork = min(postfork, fail_above_s) if failed and fail_above_s else (
                         postfork)
+                    censored = (censor_above_s is not None and phase == "measured"
+                                and not failed and postfork > censor_above_s)
+                    postfork = min(postfork, censor_above_s) if censored and censor_above_s \
+                        else postfork
                     arms.append(ArmRecord(
                         regime="sweep", block=block, arm=arm, attempt="original",
                         status="failed" if failed else "complete", postfork_s=postfork,
+                        terminal_status="TimeExceeded" if censored else None,
                         rewrite_s=inline_rewrite_s if arm == "self" and phase == "measured"
                         else 0.0,
                         started_s=t, ended_s=t + postfork, level=level, sweep_agent=i,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -121,6 +122,7 @@ def test_foreground_serve_ctrl_c_stops_every_process(tmp_path: Path) -> None:
         [sys.executable, "-m", "compaction_bench", "serve", "--profile", "cpu-tiny",
          "--port", str(background_port), "--fast-start", "--background"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc: subprocess.Popen[str] | None = None
     try:
         env = {**os.environ, "API_KEY": "test-key", "PYTHONUNBUFFERED": "1"}
         proc = subprocess.Popen(
@@ -153,7 +155,12 @@ def test_foreground_serve_ctrl_c_stops_every_process(tmp_path: Path) -> None:
         assert proc.wait(timeout=60) == 0
         proc.stdout.close()
         _assert_gone(tree)
+        assert not _listeners(port), f"port {port} still listened on by {_listeners(port)}"
         with socket.socket() as again:  # the port is free again: nothing holds it after Ctrl-C
+            # as a server binds (uvicorn, vLLM): the test's own closed connections may sit in
+            # TIME_WAIT on this port, which refuses a plain bind (CI, 2026-12-06: EADDRINUSE
+            # with every process gone) but never a server's; a listener still refuses it
+            again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             again.bind(("127.0.0.1", port))
 
         out, err = background.communicate(timeout=600)
@@ -168,11 +175,26 @@ def test_foreground_serve_ctrl_c_stops_every_process(tmp_path: Path) -> None:
         assert f"stopped server on port {background_port}" in stopped.stdout
         _assert_gone(tree)
         assert not group_members(pid)
-    finally:  # a failure above leaves no server behind for the rest of the tier
-        if background.poll() is None:
-            background.kill()
+    finally:  # a failure above leaves no server, and no open pipe, behind for the rest of
+        # the tier (an unclosed pipe's ResourceWarning fails whichever later test GC meets it in)
+        for child in (background, *([proc] if proc is not None else [])):
+            if child.poll() is None:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    for process in psutil.Process(child.pid).children(recursive=True):
+                        process.kill()
+                child.kill()
+            for stream in (child.stdout, child.stderr):
+                if stream is not None:
+                    stream.close()
+            child.wait(timeout=60)
         subprocess.run([sys.executable, "-m", "compaction_bench", "stop", "--port",
                         str(background_port)], capture_output=True, timeout=120, check=False)
+
+
+def _listeners(port: int) -> list[str]:
+    """The processes with a socket listening on `port`, by pid."""
+    return [f"pid {c.pid}" for c in psutil.net_connections(kind="tcp")
+            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port]
 
 
 def _assert_gone(tree: list[psutil.Process]) -> None:

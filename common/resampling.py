@@ -88,9 +88,14 @@ def bootstrap_interval(values: ArrayLike, rng: np.random.Generator, statistic: S
 
 
 def quantile_weights(n: int, q: float) -> np.ndarray:
-    """Harrell-Davis weights of the n order statistics for the q-quantile."""
+    """Harrell-Davis weights of the n order statistics for the q-quantile; at q >= 1 (q <= 0)
+    all the weight is on the largest (smallest), the limit of the weights as q goes there."""
     if n == 1:
         return np.ones(1)
+    if q >= 1.0 or q <= 0.0:
+        weights = np.zeros(n)
+        weights[-1 if q >= 1.0 else 0] = 1.0
+        return weights
     # imported here: scipy.stats costs about 1 s, and every CLI command imports this module
     from scipy.stats import beta
 

@@ -45,6 +45,7 @@ resamples.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -98,8 +99,9 @@ class Level:
         """The quantile of the complete continuations that is the q-quantile of all of them,
         failures ranked above (module docstring)."""
         count = self.failed if failed is None else failed
-        # kept below 1, where the Harrell-Davis weights are undefined: such a level is missed
-        return min(self.n / (self.n + 1), quantile * self.n_all / max(self.n_all - count, 1))
+        # exact up to 1 (the largest complete one); it was clamped to n / (n + 1), so with the
+        # failed share near 1 - q the plan read p87.9 for p90 (issue 29: n_all 41, 4 failed)
+        return min(1.0, quantile * self.n_all / max(self.n_all - count, 1))
 
     def times(self, basis: str) -> np.ndarray:
         """The complete continuations' times the SLO bounds: `wall` (postfork plus inline
@@ -111,6 +113,21 @@ class Level:
         """Every continuation's cycle over the completed ones (inf: none completed)."""
         total = float(self.cycle_s.sum() + self.failed_cycle_s.sum())
         return total / self.n if self.n else math.inf
+
+
+@dataclass(frozen=True)
+class SloReference:
+    """Where a relative SLO's seconds come from: `arm`'s quantile at `level` (its lowest fitted
+    level); `substitute` when the run has no clean arm and another arm stood in."""
+
+    arm: str
+    level: int
+    substitute: bool = False
+
+    def label(self, quantile: float) -> str:
+        said = f"{self.arm}'s p{100 * quantile:g} at N={self.level}"
+        return said + (f" (no {REFERENCE} arm in this run: {self.arm} stands in)"
+                       if self.substitute else "")
 
 
 @dataclass
@@ -145,6 +162,7 @@ class ArmCapacity:
     n_slo_beyond: bool = False  # n_slo is inf because the SLO is met past the reach
     model_error: ModelError = field(default_factory=ModelError)  # plan.curve
     slo_time: str = "wall"  # the time the SLO bounds (plan.settings)
+    slo_reference: SloReference | None = None  # a relative SLO's reference (None: absolute)
 
     @property
     def unbounded(self) -> bool:
@@ -295,24 +313,29 @@ def plan_capacity(observations: Observations, config: PlanConfig) -> dict[str, A
     point_q = {arm: np.array([float(hd_quantile(lv.times(config.slo_time),
                                                 lv.rank(slo.quantile)))
                               for lv in levels]) for arm, levels in by_arm.items()}
-    slo_point, slo_reps = _targets(slo, by_arm, point_q, resampled, config.bootstrap)
+    slo_point, slo_reps, reference = _targets(slo, by_arm, point_q, resampled,
+                                              config.bootstrap)
     out = {}
     for arm, levels in by_arm.items():
         excluded = [lv for lv in measured[arm] if lv not in levels]
-        out[arm] = _arm(arm, levels, excluded, point_q[arm], resampled[arm], slo_point,
-                        slo_reps, observations.engine, slo, config)
+        out[arm] = dataclasses.replace(
+            _arm(arm, levels, excluded, point_q[arm], resampled[arm], slo_point, slo_reps,
+                 observations.engine, slo, config), slo_reference=reference)
     return out
 
 
 def _targets(slo: Slo, by_arm: dict[str, list[Level]], point_q: dict[str, np.ndarray],
              resampled: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]], b: int
-             ) -> tuple[float, np.ndarray]:
-    """The SLO in seconds, and per resample (a relative SLO moves with its reference)."""
+             ) -> tuple[float, np.ndarray, SloReference | None]:
+    """The SLO in seconds, per resample (a relative SLO moves with its reference), and the
+    reference a relative SLO was taken from: clean's lowest fitted level, or, in a run without
+    clean, the first arm's, named as such (issue 29: it was used silently)."""
     if not slo.relative:
-        return slo.value, np.full(b, slo.value)
+        return slo.value, np.full(b, slo.value), None
     reference = REFERENCE if REFERENCE in by_arm else next(iter(by_arm))
+    named = SloReference(reference, by_arm[reference][0].level, reference != REFERENCE)
     return (slo.value * float(point_q[reference][0]),
-            slo.value * resampled[reference][0][:, 0])
+            slo.value * resampled[reference][0][:, 0], named)
 
 
 def _within(value: float | None, failures: float, reach: float) -> float | None:

@@ -57,6 +57,14 @@ def _need(need: FleetNeed, gpus_per_replica: int, extrapolated: bool) -> dict[st
             "beyond_measured_range": need.beyond}
 
 
+def _slo_reference(plan: Plan) -> dict[str, Any] | None:
+    """A relative SLO's reference arm and level (None: an absolute SLO, or no sweep)."""
+    first = next(iter(plan.capacity.values()), None)
+    ref = first.slo_reference if first is not None else None
+    return None if ref is None else {"arm": ref.arm, "level": ref.level,
+                                     "substitute": ref.substitute}
+
+
 def _arm(plan: Plan, cap: ArmCapacity) -> dict[str, Any]:
     engine = plan.observations.engine
     figures = {f.condition: f for f in plan.level_figures.get(cap.arm, [])}
@@ -139,7 +147,7 @@ def plan_json(plan: Plan, plots: Sequence[Path]) -> dict[str, Any]:
         "scope": "sweep" if plan.sweep else "regimes",
         "config": _config(plan.config),
         "slo": {"quantile": slo.quantile, "value": slo.value, "relative": slo.relative,
-                "label": slo.label},
+                "label": slo.label, "reference": _slo_reference(plan)},
         "bootstrap": {"resamples": plan.config.bootstrap, "confidence": plan.config.confidence,
                       "seed": plan.config.seed},
         "engine": {"profile": engine.profile, "engine": engine.engine,

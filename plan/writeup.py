@@ -83,6 +83,8 @@ def _capacity(plan: Plan, document: dict[str, Any]) -> list[str]:
     slo = plan.config.target
     target = f"{fmt(first.slo_s, 1)} s" + (interval(first.slo_ci, 1) if slo.relative else "")
     lines = [f"## Agents per GPU (SLO {slo.label} = {target})", ""]
+    if first.slo_reference is not None:
+        lines += [f"The SLO is {slo.value:g}x {first.slo_reference.label(slo.quantile)}.", ""]
     engine = plan.observations.engine
     rows = []
     for arm, cap in plan.capacity.items():

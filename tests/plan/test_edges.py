@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from compaction_bench.plan.capacity import UNBOUNDED, gpus_needed
+from compaction_bench.common.resampling import quantile as hd_quantile
+from compaction_bench.plan.capacity import UNBOUNDED, Level, gpus_needed
 from compaction_bench.plan.planfile import plan_json
 from compaction_bench.plan.planner import build_plan
 from compaction_bench.plan.settings import PlanConfig
@@ -189,3 +190,36 @@ def test_censored_continuations_count_as_misses_and_are_named(
     markdown = plan_markdown(plan, document, ())
     assert "were censored at the arm wall limit (TimeExceeded after 68 s)" in markdown
     assert "raise ARM_WALL_S above the SLO" in markdown
+
+
+def test_the_quantile_rank_is_exact_where_failures_near_one_minus_q() -> None:
+    """Edge 7 of issue 29: 41 continuations, 4 failed (9.8%, just under 1 - q = 10%). The
+    p90 over all of them is the 0.9 x 41 / 37 = 0.997 quantile of the 37 complete ones; the old
+    rank was clamped to 37 / 38 = 0.974, so the plan read the p87.9 over all for the p90. At
+    exactly 1 - q failed the rank is 1: the largest complete time."""
+    times = np.linspace(10.0, 46.0, 37)
+    level = Level(level=1, postfork_s=times, cycle_s=times, failed=4, duty=None,
+                  resident_tokens=[])
+    assert np.isclose(level.rank(0.9), 0.9 * 41 / 37)
+    assert float(hd_quantile(times, level.rank(0.9))) > float(hd_quantile(times, 37 / 38)) + 0.5
+    full = Level(level=1, postfork_s=times[:36], cycle_s=times[:36], failed=4, duty=None,
+                 resident_tokens=[])
+    assert full.rank(0.9) == 1.0 and not full.missed(0.9)
+    assert float(hd_quantile(times[:36], full.rank(0.9))) == times[35]
+    assert float(hd_quantile(times, 0.0)) == times[0]
+
+
+def test_a_relative_slo_without_clean_names_the_arm_it_used(make_sweep: Callable[..., Path]
+                                                            ) -> None:
+    """Edge 7 of issue 29: p90:2x in a run without clean took self's p90 at N=1, silently."""
+    run = make_sweep(arm_names=("self",))
+    plan = build_plan(PlanConfig(run_dir=run, slo="p90:2x", bootstrap=100, seed=0,
+                                 plots=False))
+    document = plan_json(plan, ())
+    assert document["slo"]["reference"] == {"arm": "self", "level": 1, "substitute": True}
+    markdown = plan_markdown(plan, document, ())
+    assert "The SLO is 2x self's p90 at N=1 (no clean arm in this run: self stands in)." in (
+        markdown)
+    with_clean = build_plan(PlanConfig(run_dir=make_sweep("both"), slo="p90:2x",
+                                       bootstrap=100, seed=0, plots=False))
+    assert plan_json(with_clean, ())["slo"]["reference"]["substitute"] is False

@@ -166,9 +166,13 @@ def stop(port: Annotated[int | None, typer.Option(help="only the server on this 
          ) -> None:
     """Stop background servers started by this checkout (all, or the one on --port)."""
     stopped = stop_background(port)
+    gone: list[int] = []  # replicas whose serve process ended them first (its record went too)
     for record in list(stopped):  # a router's replicas go with it
         for replica in (record.get("router") or {}).get("replicas", []) if port else []:
-            stopped += stop_background(int(str(replica.get("url", "")).rsplit(":", 1)[-1]))
+            replica_port = int(str(replica.get("url", "")).rsplit(":", 1)[-1])
+            found = stop_background(replica_port)
+            stopped += found
+            gone += [] if found else [replica_port]
     if not stopped:
         typer.echo("no server recorded in .run/" + (f" for port {port}" if port else ""))
     for record in stopped:
@@ -178,6 +182,9 @@ def stop(port: Annotated[int | None, typer.Option(help="only the server on this 
         else:
             typer.echo(f"stopped server on port {record['port']} (pid {record['pid']}, "
                        f"profile {record.get('profile')})")
+    for replica_port in gone:
+        typer.echo(f"replica on port {replica_port} already stopped (its serve process ended "
+                   "it with the router)")
 
 
 @app.command()

@@ -38,11 +38,27 @@ from compaction_bench.serve.process import (
     tail,
     write_pid_file,
 )
+from compaction_bench.serve.routerhash import ROUTING_KEYS, UNSUPPORTED
 
-# vllm-router 0.1.17's --policy choices
-ROUTER_POLICIES = ("round_robin", "consistent_hash", "cache_aware", "kv_aware", "power_of_two",
-                   "sticky_least_loaded", "random")
+# the vllm-router 0.1.17 --policy choices the suite offers, each with the request field it routes
+# on (serve.routerhash.ROUTING_KEYS, checked against the router); kv_aware is refused
+# (routerhash.UNSUPPORTED says why)
+ROUTER_POLICIES = tuple(ROUTING_KEYS)
 DEFAULT_POLICY = "consistent_hash"  # one agent, one replica: its prefix stays cached
+
+
+def policy_refusal(policy: str) -> str:
+    """The one line refusing a policy the suite does not offer (unknown, or unsupported)."""
+    offered = ", ".join(ROUTER_POLICIES)
+    if policy in UNSUPPORTED:
+        return (f"router policy '{policy}' is not offered: it {UNSUPPORTED[policy]}; use one of "
+                f"{offered} (ROUTER_POLICY=...)")
+    return f"unknown router policy '{policy}'; use one of {offered} (ROUTER_POLICY=...)"
+
+
+def routing_key(policy: str) -> str:
+    """What the router keys a chat request on under `policy` (the manifest's `routing_key`)."""
+    return ROUTING_KEYS.get(policy, "not known (a policy the suite did not check)")
 
 
 def router_binary() -> str:
@@ -70,8 +86,7 @@ class RouterConfig:
 
     def __post_init__(self) -> None:
         if self.policy not in ROUTER_POLICIES:
-            raise ValueError(f"unknown router policy '{self.policy}'; use one of "
-                             f"{', '.join(ROUTER_POLICIES)} (ROUTER_POLICY=...)")
+            raise ValueError(policy_refusal(self.policy))
         if not self.worker_urls:
             raise ValueError("a router needs at least one replica URL")
 
@@ -125,7 +140,8 @@ class Router:
         write_pid_file(self.config.port, {
             "pid": self.process.pid, "pgid": self.process.pid, "host": self.config.host,
             "port": self.config.port, "profile": f"router ({self.config.policy})",
-            "router": {"policy": self.config.policy, "metrics_url": self.config.prometheus_url,
+            "router": {"policy": self.config.policy, "routing_key": routing_key(self.config.policy),
+                       "metrics_url": self.config.prometheus_url,
                        "replicas": replicas or [{"url": u} for u in self.config.worker_urls]},
             "log": str(self.log_path), "started": time.time()})
 

@@ -297,13 +297,12 @@ class BenchConfig(BaseModel):
     @field_validator("router_policy")
     @classmethod
     def _policies(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        from compaction_bench.serve.router import ROUTER_POLICIES
+        from compaction_bench.serve.router import ROUTER_POLICIES, policy_refusal
 
         if len(set(value)) != len(value):
             raise ValueError(f"router policies repeat: {', '.join(value)}")
         if bad := [p for p in value if p not in ROUTER_POLICIES]:
-            raise ValueError(f"unknown router policy '{bad[0]}'; use one or more of "
-                             f"{', '.join(ROUTER_POLICIES)} (ROUTER_POLICY=round_robin,...)")
+            raise ValueError(policy_refusal(bad[0]))
         return value
 
     @field_validator("arms")

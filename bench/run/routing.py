@@ -32,7 +32,7 @@ from compaction_bench.common.errors import ExitCode, SuiteError
 from compaction_bench.common.net import free_port
 from compaction_bench.common.paths import run_state_dir
 from compaction_bench.serve.profile import Profile
-from compaction_bench.serve.router import Router, RouterConfig, local_fleet
+from compaction_bench.serve.router import Router, RouterConfig, local_fleet, routing_key
 
 RunOne = Callable[[BenchConfig, Callable[[RunKind], RunKind]], RunOutcome]
 
@@ -107,7 +107,8 @@ def measured_router(config: BenchConfig) -> dict[str, Any] | None:
             router = record.get("router")
             if isinstance(router, dict) and still_ours(record) and router.get("policy"):
                 policy = str(router["policy"])
-    return {"policy": policy, "url": config.base_url or f"http://127.0.0.1:{config.port}",
+    return {"policy": policy, "routing_key": routing_key(policy),
+            "url": config.base_url or f"http://127.0.0.1:{config.port}",
             "replicas": list(targets.urls), "metrics_url": targets.router_metrics_url,
             "started_by": started_by}
 
@@ -202,7 +203,8 @@ def _run_each(plan: list[tuple[str, BenchConfig]], replicas: tuple[str, ...], ba
         print(f"[bench] routing policy {policy}: vllm-router at {router.config.server_url} in "
               f"front of {', '.join(replicas)}", file=stream, flush=True)
         fields: dict[str, Any] = {
-            "router": {"policy": policy, "url": router.config.server_url, "started_by": "the bench",
+            "router": {"policy": policy, "routing_key": routing_key(policy),
+                       "url": router.config.server_url, "started_by": "the bench",
                        "metrics_url": router.config.prometheus_url, "replicas": list(replicas),
                        "log": str(router.log_path)},
             "routing": {"base": base, "policies": list(config.router_policy)}}

@@ -16,6 +16,7 @@ from compaction_bench.bench.run.routing import (
     sibling_policies,
 )
 from compaction_bench.bench.runfolder import write_json
+from compaction_bench.serve.router import routing_key
 
 POLICIES = ("round_robin", "consistent_hash")
 
@@ -93,11 +94,13 @@ def test_a_run_through_make_serves_router_records_its_policy() -> None:
         found = measured_router(BenchConfig(port=18296))
     finally:  # this test's own pid: no `stop` may ever find it
         pid_file(18296).unlink(missing_ok=True)
-    assert found == {"policy": "cache_aware", "url": "http://127.0.0.1:18296",
+    assert found == {"policy": "cache_aware", "routing_key": routing_key("cache_aware"),
+                     "url": "http://127.0.0.1:18296",
                      "replicas": ["http://127.0.0.1:18294", "http://127.0.0.1:18295"],
                      "metrics_url": "http://127.0.0.1:19296",
                      "started_by": "make serve REPLICAS=2 on port 18296"}
     elsewhere = measured_router(BenchConfig(base_url="http://k8s:80",
                                             replica_urls=("http://pod-a:8000",)))
     assert elsewhere is not None and elsewhere["policy"].startswith("not known")
+    assert elsewhere["routing_key"].startswith("not known")
     assert measured_router(BenchConfig(port=18296)) is None  # one server: no router

@@ -50,6 +50,15 @@ def plan(
     extrapolation: Annotated[float, typer.Option(
         help="extrapolate at most this multiple of the largest measured level", min=1.0)
     ] = DEFAULT_EXTRAPOLATION,
+    fleet_replicas: Annotated[str, typer.Option(
+        help="fleets to plan behind vLLM's router: replicas, comma-separated (e.g. 2,4,8); "
+        "'' for none")] = "2",
+    fleet_policies: Annotated[str, typer.Option(
+        help="router policies to plan each fleet under, comma-separated")
+    ] = "round_robin,consistent_hash",
+    replica_urls: Annotated[str | None, typer.Option(
+        help="the fleet's replica URLs, comma-separated, for consistent_hash's ring (default: "
+        "make serve REPLICAS=R's on port 8000)")] = None,
 ) -> None:
     """Write plan.md, plan.json and plots/plan_*.png into RUN_DIR."""
     from compaction_bench.plan.planner import write_plan
@@ -57,7 +66,10 @@ def plan(
     config = PlanConfig(run_dir=run_dir, slo=slo, slo_time=slo_time,  # type: ignore[arg-type]
                         extrapolation=extrapolation, agents=agents, gpu_hour_usd=gpu_hour_usd,
                         compressor_usd_per_mtok=compressor_usd_per_mtok, costmodel=costmodel,
-                        predict_device=predict_device, bootstrap=bootstrap, seed=seed)
+                        predict_device=predict_device, bootstrap=bootstrap, seed=seed,
+                        fleet_replicas=_ints(fleet_replicas, "FLEET_REPLICAS"),
+                        fleet_policies=_words(fleet_policies),
+                        replica_urls=_words(replica_urls) if replica_urls else None)
     files = write_plan(config)
     typer.echo(f"plan:  {files.markdown}")
     typer.echo(f"json:  {files.json}")
@@ -94,3 +106,15 @@ def plan_check(
     typer.echo(f"json:  {document}")
     typer.echo(f"plan.md is unchanged; make the plan again (make plan RUN={plan_run.name}) "
                "for it to state the policy it was checked under")
+
+
+def _words(text: str) -> tuple[str, ...]:
+    return tuple(w.strip() for w in text.split(",") if w.strip())
+
+
+def _ints(text: str, name: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(w) for w in _words(text))
+    except ValueError:
+        raise typer.BadParameter(f"{text!r}: give whole numbers, comma-separated (e.g. 2,4,8)",
+                                 param_hint=name) from None

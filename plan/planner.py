@@ -26,6 +26,7 @@ from compaction_bench.plan.economics import (
     operating_point,
     regime_figures,
 )
+from compaction_bench.plan.fleetmodel import FleetPlan, plan_fleet
 from compaction_bench.plan.fleetsim import SimulatedLevel, predict_levels, traces
 from compaction_bench.plan.observations import SWEEP, Observations, observe
 from compaction_bench.plan.settings import PlanConfig, PlanError
@@ -69,6 +70,7 @@ class Plan:
     simulation: Simulation | None
     cannot: list[str]
     notes: list[str]
+    fleet: FleetPlan | None = None  # plan.fleetmodel: fleets under each routing policy
 
     @property
     def sweep(self) -> bool:
@@ -107,8 +109,9 @@ def build_plan(config: PlanConfig) -> Plan:
     breakeven, headline = _breakeven(obs, capacity, prices, config, rng)
     cannot, notes = _reach(obs, capacity, prices)
     simulation = _simulate(obs, capacity, config) if config.costmodel else None
+    fleet = plan_fleet(obs, capacity, config)
     return Plan(config, obs, prices, capacity, fleets, levels, operating, per_regime,
-                breakeven, headline, simulation, cannot, notes)
+                breakeven, headline, simulation, cannot, notes, fleet)
 
 
 def _conditions(obs: Observations) -> list[tuple[str, str, int | None]]:

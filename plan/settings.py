@@ -73,7 +73,32 @@ class PlanConfig(BaseModel):
     predict_device: str | None = Field(
         default=None, description="with costmodel: also predict on this GPU (a row of "
         "kernels/limits.toml, by the roofline's transfer; unvalidated)")
+    fleet_replicas: tuple[int, ...] = Field(
+        default=(2,), description="replicas of the fleets the fleet model plans (plan."
+        "fleetmodel); () plans none")
+    fleet_policies: tuple[str, ...] = Field(
+        default=("round_robin", "consistent_hash"), description="vllm-router policies the "
+        "fleet model plans each fleet under")
+    replica_urls: tuple[str, ...] | None = Field(
+        default=None, description="the fleet's replica server URLs, for consistent_hash's ring "
+        "(default: those of `make serve REPLICAS=R` on port 8000)")
     plots: bool = True
+
+    @field_validator("fleet_replicas")
+    @classmethod
+    def _replicas(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if bad := [r for r in value if r < 1]:
+            raise ValueError(f"FLEET_REPLICAS: {bad[0]} replicas; give 1 or more (e.g. 2,4,8)")
+        return tuple(sorted(set(value)))
+
+    @field_validator("fleet_policies")
+    @classmethod
+    def _policies(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        from compaction_bench.serve.router import ROUTER_POLICIES, policy_refusal
+
+        if bad := [p for p in value if p not in ROUTER_POLICIES]:
+            raise ValueError(policy_refusal(bad[0]).replace("ROUTER_POLICY", "FLEET_POLICIES"))
+        return value
 
     @field_validator("slo")
     @classmethod

@@ -1,0 +1,547 @@
+"""The fleet model: R replicas of one measured replica behind a routing policy (issue 29).
+
+The one-replica plan assumed that a router spreads N agents evenly and that each replica then
+behaves as the measured one at N / R. Two things that decide a fleet are not in that: how the
+policy splits agents (the hottest replica's load is what counts), and how often an agent's later
+turns find their prefix cached on the replica they land on. This model simulates both, on SimPy:
+
+- **the engine**, fitted on the one-replica sweep's own request records (`fit_engine`): sequence
+  slots (max_num_seqs); a prefill that costs a + b x uncached + c x cached prompt tokens, the
+  engine doing nothing else meanwhile (least squares on the lowest level's time to first token,
+  where nothing queues); decode steps of s0 + s1 x B for B running sequences (least squares on
+  each level's median inter-token time against its mean running batch). It is vLLM's continuous
+  batching in its plainest form, as in plan.fleetsim, and exactly the fake engine's capacity
+  model (loadgen/fakeengine.py), which is how `make fleet-truth` checks it;
+- **the agents**: N closed-loop agents replaying the sweep's measured continuations (requests,
+  token counts, the gaps between them), warm-up, measured share and drain as in the sweep
+  (bench.run.fleet), each continuation one session with the sweep's own session id;
+- **the router**: the policy as vllm-router 0.1.17 applies it (serve.routerhash.ROUTING_KEYS):
+  consistent_hash by the router's own ring over the fleet's replica URLs (bit for bit), round
+  robin by a counter, random, power of two choices and least-loaded (cache_aware, which is
+  least-loaded for chat) by each replica's requests in flight, sticky_least_loaded by session;
+- **the prefix cache per replica**: a later turn is cached up to what its own earlier turns left
+  on that replica (block-rounded; at most what was measured at one replica); a turn sent
+  elsewhere prefills its history again, priced by the fitted prefill cost.
+
+The prediction is anchored on the measurement: the fleet's SLO quantile at N agents is the
+measured one-replica curve at N / R, times the simulated fleet's quantile over the simulated one
+replica's at N / R. Where the simulator is right the ratio carries only what the fleet adds
+(split, cache, queueing at the hottest replica); where its engine is off by a factor, the factor
+cancels. Its own error is stated: the simulated one replica against every measured level.
+Capacity is the largest N whose predicted quantile meets the SLO; its band uses the measured
+curve's pointwise interval in place of the curve. The simulator uses common random numbers
+(one seed) across N, so the predicted curve is smooth in N.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import simpy
+
+from compaction_bench.common.resampling import quantile as hd_quantile
+from compaction_bench.plan.fleetsim import Step, Trace
+from compaction_bench.plan.settings import PlanError
+from compaction_bench.serve.routerhash import HashRing
+
+POLICIES = ("round_robin", "random", "power_of_two", "consistent_hash", "sticky_least_loaded",
+            "cache_aware")
+SAMPLES = 160  # simulated measured continuations per prediction
+
+
+@dataclass(frozen=True)
+class EngineFit:
+    """The engine's fitted costs (module docstring), seconds."""
+
+    slots: int
+    prefill_base_s: float
+    prefill_s_per_token: float
+    cached_s_per_token: float
+    step_base_s: float
+    step_s_per_seq: float
+    block_tokens: int
+    n_prefill: int  # requests the prefill fit used
+    n_levels: int  # levels the step fit used
+
+    def prefill_s(self, uncached: float, cached: float) -> float:
+        return (self.prefill_base_s + self.prefill_s_per_token * uncached
+                + self.cached_s_per_token * cached)
+
+    def step_s(self, batch: int) -> float:
+        return max(1e-6, self.step_base_s + self.step_s_per_seq * batch)
+
+
+def _nonneg_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares with the coefficients kept >= 0 (a negative cost is noise): refit without
+    each negative one until none is left."""
+    keep = list(range(x.shape[1]))
+    coef = np.zeros(x.shape[1])
+    while keep:
+        found, *_ = np.linalg.lstsq(x[:, keep], y, rcond=None)
+        if (found >= 0).all():
+            coef[keep] = found
+            return coef
+        keep.pop(int(np.argmin(found)))
+    return coef
+
+
+def fit_engine(requests: Sequence[Any], slots: int, block_tokens: int) -> EngineFit:
+    """The engine's costs from one replica's sweep requests (`transport.request.RequestRecord`
+    with labels `level`; module docstring)."""
+    usable = [r for r in requests if r.status == "ok" and r.first_token_s is not None
+              and r.end_s is not None and r.prompt_tokens is not None
+              and isinstance(r.labels.get("level"), int)]
+    if not usable:
+        raise PlanError("the fleet model needs the sweep's request records with their first "
+                        "token times (requests.jsonl); this run has none")
+    low = min(r.labels["level"] for r in usable)
+    first = [r for r in usable if r.labels["level"] == low]
+    x = np.array([[1.0, r.prompt_tokens - (r.cached_tokens or 0), r.cached_tokens or 0]
+                  for r in first])
+    y = np.array([r.first_token_s - r.sent_s for r in first])
+    a, b, c = _nonneg_lstsq(x, y)
+    rows = []
+    for level in sorted({r.labels["level"] for r in usable}):
+        own = [r for r in usable if r.labels["level"] == level
+               and (r.completion_tokens or 0) >= 2]
+        if not own:
+            continue
+        itl = float(np.median([(r.end_s - r.first_token_s) / (r.completion_tokens - 1)
+                               for r in own]))
+        span = max(r.end_s for r in own) - min(r.sent_s for r in own)
+        busy = sum(r.end_s - r.first_token_s for r in own)
+        rows.append((min(float(slots), max(1.0, busy / span if span > 0 else 1.0)), itl))
+    if len(rows) >= 2 and len({round(bt, 3) for bt, _ in rows}) >= 2:
+        s0, s1 = _nonneg_lstsq(np.array([[1.0, bt] for bt, _ in rows]),
+                               np.array([itl for _, itl in rows]))
+    else:
+        s0, s1 = (rows[0][1], 0.0) if rows else (1e-3, 0.0)
+    return EngineFit(slots=max(1, slots), prefill_base_s=float(a), prefill_s_per_token=float(b),
+                     cached_s_per_token=float(c), step_base_s=float(s0), step_s_per_seq=float(s1),
+                     block_tokens=max(1, block_tokens), n_prefill=len(first),
+                     n_levels=len(rows))
+
+
+class _Request:
+    def __init__(self, env: simpy.Environment, step: Step, cached: int) -> None:
+        self.step = step
+        self.cached = cached
+        self.remaining = step.completion_tokens
+        self.done = env.event()
+
+
+class SimEngine:
+    """One simulated replica (module docstring): FIFO admission into `slots`, prefills one
+    after another, then decode steps of every running sequence; between two events the batch
+    is constant, so a run of decode steps is one timeout (an arrival that can be admitted cuts
+    it at the next step boundary)."""
+
+    def __init__(self, env: simpy.Environment, fit: EngineFit) -> None:
+        self.env, self.fit = env, fit
+        self.waiting: deque[_Request] = deque()
+        self.running: list[_Request] = []
+        self.wake = env.event()
+        self.in_flight = 0  # as the router counts it: sent and not yet answered
+        env.process(self._run())
+
+    def submit(self, step: Step, cached: int) -> simpy.Event:
+        request = _Request(self.env, step, cached)
+        self.waiting.append(request)
+        self.in_flight += 1
+        if not self.wake.triggered:
+            self.wake.succeed()
+        return request.done
+
+    def _finish(self) -> None:
+        for r in [r for r in self.running if r.remaining <= 0]:
+            self.running.remove(r)
+            self.in_flight -= 1
+            r.done.succeed()
+
+    def _run(self) -> Generator[simpy.Event, Any, None]:
+        fit = self.fit
+        while True:
+            if not self.waiting and not self.running:
+                self.wake = self.env.event()
+                yield self.wake
+            admitted = []
+            while self.waiting and len(self.running) + len(admitted) < fit.slots:
+                admitted.append(self.waiting.popleft())
+            if admitted:
+                self.running += admitted
+                yield self.env.timeout(sum(fit.prefill_s(
+                    max(0, r.step.prompt_tokens - r.cached), r.cached) for r in admitted))
+                for r in admitted:
+                    r.remaining -= 1  # the prefill yields the first token
+                self._finish()
+            if not self.running:
+                continue
+            step = fit.step_s(len(self.running))
+            steps = min(r.remaining for r in self.running)
+            start = self.env.now
+            if len(self.running) < fit.slots:  # an arrival may be admitted at a step boundary
+                self.wake = self.env.event()
+                yield self.env.timeout(steps * step) | self.wake
+                done = min(steps, int((self.env.now - start) / step + 1e-9))
+                if done < steps:
+                    done += 1
+                    yield self.env.timeout(max(0.0, start + done * step - self.env.now))
+            else:
+                yield self.env.timeout(steps * step)
+                done = steps
+            for r in self.running:
+                r.remaining -= done
+            self._finish()
+
+
+class SimRouter:
+    """The policy's choice of replica per request (module docstring)."""
+
+    def __init__(self, policy: str, engines: list[SimEngine], ring: HashRing | None,
+                 rng: np.random.Generator) -> None:
+        if policy not in POLICIES:
+            raise PlanError(f"fleet model: no routing policy '{policy}'; use one of "
+                            f"{', '.join(POLICIES)}")
+        self.policy, self.engines, self.ring, self.rng = policy, engines, ring, rng
+        self.turn = 0
+        self.sticky: dict[str, int] = {}
+
+    def _least(self) -> int:
+        loads = [e.in_flight for e in self.engines]
+        return loads.index(min(loads))
+
+    def pick(self, session: str) -> int:
+        n = len(self.engines)
+        if self.policy == "round_robin":
+            self.turn += 1
+            return (self.turn - 1) % n
+        if self.policy == "random":
+            return int(self.rng.integers(n))
+        if self.policy == "power_of_two":
+            if n == 1:
+                return 0
+            i, j = (int(v) for v in self.rng.choice(n, size=2, replace=False))
+            return i if self.engines[i].in_flight <= self.engines[j].in_flight else j
+        if self.policy == "consistent_hash":
+            assert self.ring is not None
+            return self.ring.replica(session)
+        if self.policy == "sticky_least_loaded":
+            if session not in self.sticky:
+                self.sticky[session] = self._least()
+            return self.sticky[session]
+        return self._least()  # cache_aware: least loaded for chat on 0.1.17
+
+
+@dataclass
+class FleetRun:
+    """One simulated fleet: the measured continuations' times and what routing did."""
+
+    times: np.ndarray
+    requests_per_replica: list[int]
+    later_prompt_tokens: int = 0
+    later_cached_tokens: int = 0
+    routes: list[tuple[str, int]] = field(default_factory=list)  # (session, replica) per request
+
+    @property
+    def hit_rate(self) -> float | None:
+        """Cached share of the later turns' prompt tokens."""
+        return (self.later_cached_tokens / self.later_prompt_tokens
+                if self.later_prompt_tokens else None)
+
+    @property
+    def hottest_share(self) -> float:
+        total = sum(self.requests_per_replica)
+        return max(self.requests_per_replica) / total if total else 0.0
+
+
+def session_id(level: int, agent: int, index: int, arm: str) -> str:
+    """The X-Session-Id the sweep sends for this continuation (bench.run.block.arm_session of
+    bench.run.fleet.continuation_block), so the ring hashes exactly what the router will."""
+    from compaction_bench.bench.run.block import arm_session
+    from compaction_bench.bench.run.fleet import continuation_block
+
+    return arm_session("sweep", continuation_block(level, agent, index), arm, "original")
+
+
+def simulate_fleet(fit: EngineFit, pool: Sequence[Trace], agents: int, *, replicas: int,
+                   policy: str, arm: str, urls: Sequence[str] | None = None,
+                   samples: int = SAMPLES, warmup: int = 1, seed: int = 0,
+                   wall: bool = True) -> FleetRun:
+    """`agents` agents on `replicas` simulated replicas behind `policy` (module docstring)."""
+    if not pool:
+        raise PlanError("the fleet model needs measured continuations with request records")
+    env = simpy.Environment()
+    engines = [SimEngine(env, fit) for _ in range(replicas)]
+    ring = None
+    if policy == "consistent_hash":
+        from compaction_bench.serve.routerhash import layout_urls
+
+        ring = HashRing.of(tuple(urls) if urls else layout_urls(replicas))
+        if len(ring.urls) != replicas:
+            raise PlanError(f"fleet model: {len(ring.urls)} replica URLs for {replicas} "
+                            "replicas (REPLICA_URLS must name one per replica)")
+    rng = np.random.default_rng(seed)
+    router = SimRouter(policy, engines, ring, np.random.default_rng(seed + 1))
+    held: list[dict[str, int]] = [{} for _ in range(replicas)]
+    run = FleetRun(np.zeros(0), [0] * replicas)
+    quota = max(1, math.ceil(samples / agents))
+    measured: list[float] = []
+    left = [agents]
+    all_done = env.event()
+    block = fit.block_tokens
+
+    def agent(i: int) -> Generator[simpy.Event, Any, None]:
+        k = 0
+        while not all_done.triggered:
+            trace = pool[int(rng.integers(len(pool)))]
+            session = session_id(agents, i, k, arm)
+            start = env.now
+            for j, step in enumerate(trace.steps):
+                yield env.timeout(step.gap_s)
+                r = router.pick(session)
+                cached = step.cached_tokens if j == 0 else min(step.cached_tokens,
+                                                               held[r].get(session, 0))
+                if j > 0 and warmup <= k < warmup + quota:
+                    run.later_prompt_tokens += step.prompt_tokens
+                    run.later_cached_tokens += cached
+                run.requests_per_replica[r] += 1
+                run.routes.append((session, r))
+                yield engines[r].submit(step, cached)
+                held[r][session] = max(held[r].get(session, 0),
+                                       step.prompt_tokens // block * block)
+            yield env.timeout(trace.tail_s)
+            if warmup <= k < warmup + quota:
+                measured.append(env.now - start - (0.0 if wall else trace.rewrite_s))
+                if k == warmup + quota - 1:
+                    left[0] -= 1
+                    if left[0] == 0:
+                        all_done.succeed()
+            for cache in held:  # a finished session's prefix is never asked for again
+                cache.pop(session, None)
+            k += 1
+
+    for i in range(agents):
+        env.process(agent(i))
+    env.run(until=all_done)
+    run.times = np.asarray(measured)
+    return run
+
+
+@dataclass
+class FleetRow:
+    """One arm's fleet under one policy and R replicas (plan.md's fleet table)."""
+
+    arm: str
+    policy: str
+    replicas: int
+    agents: int | None  # the largest fleet meeting the SLO; None: beyond `most`
+    band: tuple[int | None, int | None]  # from the measured curve's pointwise interval
+    most: int  # the largest fleet looked at (R x the plan's reach)
+    predicted_s: float | None  # the predicted SLO quantile at `agents`
+    slo_s: float
+    even_split_s: float | None  # the one-replica curve at agents / R (the old assumption)
+    hit_rate: float | None  # later turns' cached share of prompt tokens, at `agents`
+    hottest_share: float | None  # the busiest replica's share of the requests, at `agents`
+    gpus: int | None = None  # GPUs for the plan's fleet of AGENTS agents under this policy
+    gpus_replicas: int | None = None
+
+
+@dataclass
+class FleetPlan:
+    """Every fleet row, the fit, and the model's own error at one replica."""
+
+    fit: EngineFit
+    rows: list[FleetRow]
+    one_replica_error: dict[str, list[dict[str, float]]]  # arm -> per level: measured, simulated
+    urls: tuple[str, ...] | None
+    notes: list[str] = field(default_factory=list)
+
+    def median_error_pct(self, arm: str) -> float | None:
+        errors = [e["ape_pct"] for e in self.one_replica_error.get(arm, [])]
+        return float(np.median(errors)) if errors else None
+
+
+class _Predictor:
+    """Predicted SLO quantiles of one arm's fleets (module docstring), simulations cached."""
+
+    def __init__(self, fit: EngineFit, pool: Sequence[Trace], arm: str, quantile: float,
+                 levels: Sequence[int], values: Sequence[float], bands: Sequence[tuple[float,
+                                                                                       float]],
+                 weights: Sequence[int], *, urls: Sequence[str] | None, seed: int,
+                 wall: bool, samples: int) -> None:
+        from compaction_bench.plan.curve import MonotoneCurve
+
+        self.fit, self.pool, self.arm, self.q = fit, pool, arm, quantile
+        self.curves = {"point": MonotoneCurve(levels, values, weights),
+                       "low": MonotoneCurve(levels, [b[0] for b in bands], weights),
+                       "high": MonotoneCurve(levels, [b[1] for b in bands], weights)}
+        self.urls, self.seed, self.wall, self.samples = urls, seed, wall, samples
+        self.runs: dict[tuple[str, int, int], FleetRun] = {}
+
+    def run(self, policy: str, replicas: int, agents: int) -> FleetRun:
+        key = (policy if replicas > 1 else "one", replicas, agents)
+        if key not in self.runs:
+            urls = self.urls if self.urls is not None and len(self.urls) == replicas else None
+            self.runs[key] = simulate_fleet(
+                self.fit, self.pool, agents, replicas=replicas, policy=policy, arm=self.arm,
+                urls=urls, samples=self.samples, seed=self.seed, wall=self.wall)
+        return self.runs[key]
+
+    def sim_q(self, policy: str, replicas: int, agents: int) -> float:
+        return float(hd_quantile(self.run(policy, replicas, agents).times, self.q))
+
+    def one(self, n: float) -> float:
+        """The simulated one replica's quantile at n agents (interpolated between integers)."""
+        n = max(1.0, n)
+        low, high = math.floor(n), math.ceil(n)
+        q_low = self.sim_q("round_robin", 1, low)
+        if high == low:
+            return q_low
+        return q_low + (n - low) * (self.sim_q("round_robin", 1, high) - q_low)
+
+    def predicted(self, policy: str, replicas: int, agents: int, curve: str = "point") -> float:
+        n = max(1.0, agents / replicas)
+        return (self.curves[curve](n) * self.sim_q(policy, replicas, agents) / self.one(n))
+
+    def largest(self, policy: str, replicas: int, slo_s: float, start: int, most: int,
+                curve: str = "point") -> int | None:
+        """The largest N in [1, most] whose prediction meets `slo_s` (None: past `most`; 0:
+        not even one agent), assuming it grows with N: probe from `start`, then bisect."""
+        def ok(n: int) -> bool:
+            return self.predicted(policy, replicas, n, curve) <= slo_s
+
+        n = min(max(1, start), most)
+        if ok(n):
+            good, step = n, 1
+            while True:
+                nxt = min(most, good + step)
+                if nxt == good:
+                    return None  # meets the SLO up to `most`
+                if not ok(nxt):
+                    bad = nxt
+                    break
+                good, step = nxt, step * 2
+        else:
+            bad, step = n, 1
+            while True:
+                nxt = max(0, bad - step)
+                if nxt == 0:
+                    good = 0
+                    break
+                if ok(nxt):
+                    good = nxt
+                    break
+                bad, step = nxt, step * 2
+        while bad - good > 1:
+            mid = (good + bad) // 2
+            good, bad = (mid, bad) if ok(mid) else (good, mid)
+        return good
+
+
+def plan_fleet(obs: Any, capacity: dict[str, Any], config: Any) -> FleetPlan | None:
+    """The fleet rows of a one-replica sweep's plan (module docstring): per arm, per policy in
+    `config.fleet_policies` and R in `config.fleet_replicas`; None where the plan has no sweep
+    or no fleet was asked for."""
+    from compaction_bench.plan.economics import EXTERNAL
+    from compaction_bench.plan.fleetsim import traces
+
+    if not capacity or not config.fleet_replicas or not config.fleet_policies:
+        return None
+    sweep_requests = [r for r in obs.records.requests if r.regime == "sweep"]
+    slots = obs.engine.max_num_seqs
+    notes = []
+    if slots is None:
+        slots = 1
+        notes.append("the run records no max_num_seqs: the fleet model's engine has 1 slot")
+    try:
+        fit = fit_engine(sweep_requests, slots, _block_tokens(obs.manifest))
+    except PlanError as error:
+        return FleetPlan(EngineFit(slots, 0, 0, 0, 0, 0, 16, 0, 0), [], {}, None,
+                         notes=[str(error)])
+    urls = tuple(config.replica_urls) if config.replica_urls else None
+    rows: list[FleetRow] = []
+    errors: dict[str, list[dict[str, float]]] = {}
+    for arm, cap in capacity.items():
+        pool = traces(obs, arm, cap.levels[0].level, same_server_compressor=arm != EXTERNAL)
+        if not pool:
+            notes.append(f"{arm}: no measured continuation with request records to simulate")
+            continue
+        levels = [lv.level for lv in cap.levels]
+        predictor = _Predictor(fit, pool, arm, config.target.quantile, levels,
+                               list(cap.quantiles), list(cap.quantile_ci),
+                               [lv.n for lv in cap.levels], urls=urls, seed=config.seed,
+                               wall=config.slo_time == "wall", samples=SAMPLES)
+        errors[arm] = [{"level": float(n), "measured_s": float(m),
+                        "simulated_s": predictor.sim_q("round_robin", 1, n),
+                        "ape_pct": abs(predictor.sim_q("round_robin", 1, n) - m) / m * 100}
+                       for n, m in zip(levels, cap.quantiles, strict=True) if m > 0]
+        per_replica = cap.n_slo if cap.n_slo is not None and math.isfinite(cap.n_slo) else (
+            levels[-1])
+        for replicas in config.fleet_replicas:
+            most = max(1, math.floor(replicas * cap.reach)) if math.isfinite(cap.reach) else (
+                replicas * 4 * levels[-1])
+            start = max(1, round(replicas * per_replica))
+            for policy in config.fleet_policies:
+                found = predictor.largest(policy, replicas, cap.slo_s, start, most)
+                band = (predictor.largest(policy, replicas, cap.slo_s, start, most, "high"),
+                        predictor.largest(policy, replicas, cap.slo_s, start, most, "low"))
+                at = found if found else None
+                run = predictor.run(policy, replicas, at) if at else None
+                row = FleetRow(
+                    arm=arm, policy=policy, replicas=replicas, agents=found, band=band,
+                    most=most, predicted_s=predictor.predicted(policy, replicas, at)
+                    if at else None, slo_s=cap.slo_s,
+                    even_split_s=predictor.curves["point"](max(1.0, at / replicas))
+                    if at else None,
+                    hit_rate=run.hit_rate if run else None,
+                    hottest_share=run.hottest_share if run else None)
+                rows.append(row)
+        _gpus(predictor, rows, arm, cap, config)
+    return FleetPlan(fit, rows, errors, urls, notes)
+
+
+def _gpus(predictor: _Predictor, rows: list[FleetRow], arm: str, cap: Any, config: Any) -> None:
+    """GPUs for the plan's fleet of AGENTS agents under each policy: the fewest replicas whose
+    predicted quantile at AGENTS meets the SLO, from the policy's agents per replica, checked
+    by simulation (at most 6 steps either way)."""
+    fleet = config.agents
+    for policy in config.fleet_policies:
+        own = [r for r in rows if r.arm == arm and r.policy == policy and r.agents]
+        if not own:
+            continue
+        per_replica = max(r.agents / r.replicas for r in own if r.agents)  # type: ignore[operator]
+        replicas = max(1, math.ceil(fleet / per_replica))
+        if fleet / replicas > cap.reach:
+            continue
+
+        def ok(r: int, policy: str = policy) -> bool:
+            return fleet / r <= cap.reach and predictor.predicted(
+                policy, r, fleet) <= cap.slo_s
+
+        steps = 0
+        while not ok(replicas) and steps < 6:
+            replicas, steps = replicas + 1, steps + 1
+        if not ok(replicas):
+            continue
+        while replicas > 1 and ok(replicas - 1) and steps < 12:
+            replicas, steps = replicas - 1, steps + 1
+        for row in own:
+            row.gpus_replicas = replicas
+            row.gpus = replicas * cap.gpus_per_replica
+
+
+def _block_tokens(manifest: Any) -> int:
+    """The prefix cache's block size the run's server hashed with (16 where none is stated)."""
+    sweep = manifest.get("sweep") if isinstance(manifest, dict) else None
+    config = sweep.get("server_cache_config") if isinstance(sweep, dict) else None
+    if isinstance(config, dict) and str(config.get("block_size", "")).isdigit():
+        return int(config["block_size"])
+    profile = ((manifest.get("server") or {}).get("profile") or {}) if isinstance(
+        manifest, dict) else {}
+    size = (profile.get("engine_args") or {}).get("block_size")
+    return int(size) if isinstance(size, int) else 16

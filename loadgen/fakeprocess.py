@@ -44,6 +44,10 @@ class FakeProcess:
              "--port", str(c.port),
              "--ttft-ms", str(c.ttft_ms), "--itl-ms", str(c.itl_ms), "--tokens", str(c.tokens),
              "--cached-tokens", str(c.cached_tokens), "--max-running", str(c.max_running),
+             "--engine", c.engine, "--prefill-ms-per-token", str(c.prefill_ms_per_token),
+             "--cache-discount", str(c.cache_discount), "--step-ms", str(c.step_ms),
+             "--step-ms-per-seq", str(c.step_ms_per_seq), "--block-tokens",
+             str(c.block_tokens), "--cache-tokens", str(c.cache_tokens),
              *(["--default-content", c.default_content] if c.default_content is not None
                else [])],
             stdout=subprocess.PIPE, text=True, start_new_session=True)

@@ -33,6 +33,22 @@ subprocess and drives these. Endpoints: POST /v1/chat/completions (stream and no
 `stream_options.include_usage`), GET /v1/models, /health, /version, /metrics (vllm:* gauges and
 counters).
 
+Engine mode (`--engine steps`, opt-in; the default `none` is the fixed timing above): a capacity
+model with continuous batching and a prefix cache per server process, stated exactly in
+`loadgen.fakeengine` (the truth a fleet's capacity is computed from). Its flags: `--max-running C`
+(slots, vLLM's max_num_seqs; 0: no limit), `--prefill-ms-per-token P` (an uncached prompt
+token), `--cache-discount D` in [0, 1] (a cached prompt token costs (1 - D) * P), `--step-ms S`
+and `--step-ms-per-seq Q` (a decode step of B sequences costs S + Q * B), `--block-tokens K`
+(cache block, default 16), `--cache-tokens T` (LRU capacity, 0: unlimited). A reply streams its
+first token in one chunk at the end of its prefill, then the rest in at most one chunk per 50 ms
+of engine time and a last one; completion tokens are exactly those asked for (max_tokens,
+max_completion_tokens, else `--tokens`, or the scripted reply's words), and usage carries the
+cached tokens. /metrics then reports the engine's running and waiting requests, the prefix
+cache's queried and hit tokens, and `vllm:cache_config_info` (block_size K, num_gpu_blocks T // K
+or 10**9 when unlimited); `/fake/stats` adds the engine's counters. A reply with its own timing
+(`ttft_ms`, `itl_ms`) or a stream fault (`events`, `fail_after_tokens`, `stall_after_tokens`)
+bypasses the engine and keeps the fixed timing; `status` and `body` answer at once.
+
     python -m compaction_bench.loadgen.fakeserver --port 8100 --ttft-ms 200 --itl-ms 20 --tokens 64
 
 With `--port 0` it prints `listening on PORT` as its first stdout line.
@@ -52,6 +68,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from compaction_bench.loadgen.fakeengine import Engine, Job, StepModel
+
 _WORDS = re.compile(r"\S+\s*|\s+")
 
 
@@ -70,6 +88,27 @@ class FakeConfig:
     # limit); a later one waits, first come first served, and its timing starts when admitted,
     # so a closed-loop fleet of N agents has a known capacity (bench REGIME=search's e2e test)
     max_running: int = 0
+    # engine mode (module docstring, loadgen.fakeengine): "none" (the fixed timing) or "steps"
+    engine: str = "none"
+    prefill_ms_per_token: float = StepModel.prefill_ms_per_token
+    cache_discount: float = StepModel.cache_discount
+    step_ms: float = StepModel.step_ms
+    step_ms_per_seq: float = StepModel.step_ms_per_seq
+    block_tokens: int = StepModel.block_tokens
+    cache_tokens: int = StepModel.cache_tokens
+
+    def __post_init__(self) -> None:
+        problems = self.step_model().problems()
+        if self.engine not in ("none", "steps"):
+            problems.insert(0, f"--engine {self.engine}: must be none (fixed timing) or steps "
+                            "(the capacity model)")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    def step_model(self) -> StepModel:
+        return StepModel(self.max_running, self.prefill_ms_per_token, self.cache_discount,
+                         self.step_ms, self.step_ms_per_seq, self.block_tokens,
+                         self.cache_tokens)
 
 
 @dataclass
@@ -95,6 +134,7 @@ class FakeServer:
         self.port = config.port
         self._server: asyncio.Server | None = None
         self._slots: asyncio.Semaphore | None = None
+        self.engine = Engine(config.step_model()) if config.engine == "steps" else None
 
     async def start(self) -> int:
         self._server = await asyncio.start_server(self._connection, self.config.host,
@@ -113,6 +153,8 @@ class FakeServer:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
+        if self.engine is not None:
+            await self.engine.stop()
 
     async def _connection(self, reader: asyncio.StreamReader,
                           writer: asyncio.StreamWriter) -> None:
@@ -172,7 +214,7 @@ class FakeServer:
                 return await _respond_json(writer, 400, {"error": {"message": "bad JSON"}})
             self.state.bodies.append({"path": path, "authorization": headers.get(
                 "authorization"), **request})
-            if self.config.max_running <= 0:
+            if self.config.max_running <= 0 or self.engine is not None:
                 return await self._chat(request, received, writer,
                                         headers.get("x-request-id", ""))
             self._slots = self._slots or asyncio.Semaphore(self.config.max_running)
@@ -188,25 +230,44 @@ class FakeServer:
         def q(p: float) -> float | None:
             return late[min(len(late) - 1, int(p * len(late)))] if late else None
 
-        return {"requests": self.state.requests, "events": len(late),
-                "lateness_p50_s": q(0.5), "lateness_p99_s": q(0.99),
-                "lateness_max_s": late[-1] if late else None}
+        out: dict[str, Any] = {"requests": self.state.requests, "events": len(late),
+                               "lateness_p50_s": q(0.5), "lateness_p99_s": q(0.99),
+                               "lateness_max_s": late[-1] if late else None}
+        if self.engine is not None:
+            c = self.engine.counters
+            out["engine"] = {"requests": c.requests, "prefilled_tokens": c.prefilled_tokens,
+                             "cached_tokens": c.cached_tokens, "steps": c.steps,
+                             "running": len(self.engine.running),
+                             "waiting": len(self.engine.waiting),
+                             "cache_blocks": len(self.engine.cache)}
+        return out
 
     def _metrics(self) -> str:
-        s = self.state
+        s, e = self.state, self.engine
+        running, waiting = float(s.running), 0.0
+        queries, hits, usage = float(s.prompt_tokens), 0.0, min(1.0, s.running / 64)
+        info = []
+        if e is not None:
+            running, waiting = float(len(e.running)), float(len(e.waiting))
+            queries, hits = float(e.counters.queried_tokens), float(e.counters.cached_tokens)
+            m = e.model
+            usage = len(e.cache) / m.num_blocks if m.cache_tokens else 0.0
+            info = ["# TYPE vllm:cache_config_info gauge",
+                    f'vllm:cache_config_info{{block_size="{m.block_tokens}",'
+                    f'enable_prefix_caching="True",num_gpu_blocks="{m.num_blocks}"}} 1.0']
         return "\n".join([
             "# TYPE vllm:num_requests_running gauge",
-            f'vllm:num_requests_running{{model_name="target"}} {float(s.running)}',
+            f'vllm:num_requests_running{{model_name="target"}} {running}',
             "# TYPE vllm:num_requests_waiting gauge",
-            'vllm:num_requests_waiting{model_name="target"} 0.0',
+            f'vllm:num_requests_waiting{{model_name="target"}} {waiting}',
             "# TYPE vllm:kv_cache_usage_perc gauge",
-            f'vllm:kv_cache_usage_perc{{model_name="target"}} {min(1.0, s.running / 64)}',
+            f'vllm:kv_cache_usage_perc{{model_name="target"}} {usage}',
             "# TYPE vllm:prefix_cache_queries counter",
-            f'vllm:prefix_cache_queries_total{{model_name="target"}} {float(s.prompt_tokens)}',
+            f'vllm:prefix_cache_queries_total{{model_name="target"}} {queries}',
             "# TYPE vllm:generation_tokens counter",
             f'vllm:generation_tokens_total{{model_name="target"}} {float(s.generation_tokens)}',
             "# TYPE vllm:prefix_cache_hits counter",
-            'vllm:prefix_cache_hits_total{model_name="target"} 0.0',
+            f'vllm:prefix_cache_hits_total{{model_name="target"}} {hits}',
             "# TYPE vllm:num_preemptions counter",
             'vllm:num_preemptions_total{model_name="target"} 0.0',
             "# TYPE vllm:request_queue_time_seconds histogram",
@@ -214,6 +275,7 @@ class FakeServer:
             f'vllm:request_queue_time_seconds_count{{model_name="target"}} {float(s.requests)}',
             "# TYPE vllm:request_success counter",
             f'vllm:request_success_total{{model_name="target"}} {float(s.finished)}',
+            *info,
             "",
         ])
 
@@ -276,6 +338,12 @@ class FakeServer:
         self.state.prompt_tokens += prompt
         self.state.running += 1
         try:
+            if self.engine is not None and not _BYPASS_ENGINE.intersection(reply):
+                job = self.engine.job(received, json.dumps(body.get("messages") or []), prompt,
+                                      len(pieces), body.get("cache_salt"))
+                return await self._engine_chat(job, body, writer, Reply(
+                    rid, model, pieces, calls, finish, reply.get("usage") or {},
+                    str(reply.get("separator") or "\n\n").encode()))
             if not body.get("stream"):
                 await asyncio.sleep(max(0.0, received + ttft + max(0, len(pieces) - 1) * itl
                                         - asyncio.get_running_loop().time()))
@@ -299,6 +367,56 @@ class FakeServer:
         finally:
             self.state.running -= 1
             self.state.finished += 1
+
+    async def _engine_chat(self, job: Job, body: dict[str, Any], writer: asyncio.StreamWriter,
+                           r: Reply) -> bool:
+        """Serve a reply whose timing is the engine's (module docstring, engine mode)."""
+        assert self.engine is not None
+        loop = asyncio.get_running_loop()
+        self.engine.submit(job)
+        try:
+            if not body.get("stream"):
+                while not job.done:
+                    await job.changed.wait()
+                    job.changed.clear()
+                return await _respond_json(writer, 200, {
+                    "id": r.rid, "object": "chat.completion", "created": int(time.time()),
+                    "model": r.model, "usage": r.exact_usage(job), "choices": [
+                        {"index": 0, "message": _message(r.pieces, r.calls),
+                         "finish_reason": r.finish}]})
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                         b"transfer-encoding: chunked\r\ncache-control: no-cache\r\n\r\n")
+            await writer.drain()
+            head = {"id": r.rid, "object": "chat.completion.chunk",
+                    "created": int(time.time()), "model": r.model}
+            sent = 0
+            while sent < job.tokens:
+                await job.changed.wait()
+                job.changed.clear()
+                # the first chunk holds the first token alone, later ones all made so far
+                upto = 1 if sent == 0 else min(job.generated, job.tokens)
+                if upto <= sent:
+                    continue
+                delta = _delta(r.pieces[sent:upto], r.calls, sent)
+                done = r.finish if upto == job.tokens else None
+                _write_event(writer, {**head, "choices": [
+                    {"index": 0, "delta": delta, "finish_reason": done}]}, r.separator)
+                self.state.generation_tokens += upto - sent
+                self.state.lateness_s.append(loop.time() - job.notified_at)
+                sent = upto
+                if sent == 1 and job.done:
+                    job.changed.set()  # the last token's notice came with the first's
+                await writer.drain()
+            if (body.get("stream_options") or {}).get("include_usage"):
+                _write_event(writer, {**head, "choices": [], "usage": r.exact_usage(job)},
+                             r.separator)
+            _write_chunk(writer, b"data: [DONE]" + r.separator)
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+            return True
+        finally:
+            if not job.done:
+                self.engine.abort(job)
 
     async def _stream(self, writer: asyncio.StreamWriter, rid: str, model: str,
                       pieces: list[tuple[str, Any]], calls: list[dict[str, Any]], first: float,
@@ -348,6 +466,57 @@ class FakeServer:
         writer.write(b"0\r\n\r\n")
         await writer.drain()
         return True
+
+
+# a reply with any of these keeps the fixed timing in engine mode (module docstring)
+_BYPASS_ENGINE = frozenset({"ttft_ms", "itl_ms", "events", "fail_after_tokens",
+                            "stall_after_tokens"})
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What the engine path sends for one request, but its timing."""
+
+    rid: str
+    model: str
+    pieces: list[tuple[str, Any]]
+    calls: list[dict[str, Any]]
+    finish: str
+    usage: dict[str, Any]  # the scripted reply's, merged over the engine's
+    separator: bytes
+
+    def exact_usage(self, job: Job) -> dict[str, Any]:
+        """The engine's token counts (a scripted `usage` still wins)."""
+        return {"prompt_tokens": job.prompt_tokens, "completion_tokens": job.tokens,
+                "total_tokens": job.prompt_tokens + job.tokens,
+                **self.usage, "prompt_tokens_details": {"cached_tokens": job.cached_tokens,
+                                                        **self.usage.get(
+                                                            "prompt_tokens_details", {})}}
+
+
+def _message(pieces: list[tuple[str, Any]], calls: list[dict[str, Any]]) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(
+        p for k, p in pieces if k == "content")}
+    reasoning = "".join(p for k, p in pieces if k == "reasoning")
+    if reasoning:
+        message["reasoning"] = reasoning
+    if calls:
+        message["tool_calls"] = [_call(c, i) for i, c in enumerate(calls)]
+    return message
+
+
+def _delta(pieces: list[tuple[str, Any]], calls: list[dict[str, Any]],
+           start: int) -> dict[str, Any]:
+    """One chunk's delta for several pieces: their reasoning, content and tool calls joined."""
+    delta: dict[str, Any] = {"role": "assistant"} if start == 0 else {}
+    for kind in ("reasoning", "content"):
+        text = "".join(p for k, p in pieces if k == kind)
+        if text or (kind == "content" and not pieces):
+            delta[kind] = text
+    tools = [{**_call(calls[i], i), "index": i} for k, i in pieces if k == "tool_call"]
+    if tools:
+        delta["tool_calls"] = tools
+    return delta
 
 
 def _call(call: dict[str, Any], index: int) -> dict[str, Any]:
@@ -407,12 +576,41 @@ def main(argv: list[str] | None = None) -> None:
                         help="text of unscripted replies (default: 'tok ' repeated)")
     parser.add_argument("--max-running", type=int, default=0,
                         help="chat completions in service at once; later ones queue (0: no "
-                        "limit)")
+                        "limit); in engine mode the engine's slots (max_num_seqs)")
+    engine = parser.add_argument_group("engine mode (--engine steps; see loadgen.fakeengine; "
+                                       "the defaults are the fake-fleet profile's)")
+    engine.add_argument("--engine", default="none", help="none: fixed timing (default); "
+                        "steps: prefill and decode steps with a prefix cache")
+    engine.add_argument("--prefill-ms-per-token", type=float, metavar="P",
+                        default=StepModel.prefill_ms_per_token,
+                        help="prefill cost of an uncached prompt token (ms)")
+    engine.add_argument("--cache-discount", type=float, metavar="D",
+                        default=StepModel.cache_discount,
+                        help="in [0, 1]: a cached prompt token costs (1 - D) * P (1: free)")
+    engine.add_argument("--step-ms", type=float, metavar="S",
+                        default=StepModel.step_ms,
+                        help="a decode step's base cost (ms): a step of B sequences is S + Q*B")
+    engine.add_argument("--step-ms-per-seq", type=float, metavar="Q",
+                        default=StepModel.step_ms_per_seq,
+                        help="a decode step's cost per running sequence (ms)")
+    engine.add_argument("--block-tokens", type=int, metavar="K",
+                        default=StepModel.block_tokens,
+                        help="prefix-cache block in tokens (4 characters of prompt a token)")
+    engine.add_argument("--cache-tokens", type=int, metavar="T",
+                        default=StepModel.cache_tokens,
+                        help="prefix-cache capacity in tokens, LRU (0: unlimited)")
     args = parser.parse_args(argv)
-    config = FakeConfig(host=args.host, port=args.port, ttft_ms=args.ttft_ms,
-                        itl_ms=args.itl_ms, tokens=args.tokens, cached_tokens=args.cached_tokens,
-                        default_content=args.default_content,
-                        max_running=args.max_running)
+    try:
+        config = FakeConfig(
+            host=args.host, port=args.port, ttft_ms=args.ttft_ms, itl_ms=args.itl_ms,
+            tokens=args.tokens, cached_tokens=args.cached_tokens,
+            default_content=args.default_content, max_running=args.max_running,
+            engine=args.engine, prefill_ms_per_token=args.prefill_ms_per_token,
+            cache_discount=args.cache_discount, step_ms=args.step_ms,
+            step_ms_per_seq=args.step_ms_per_seq, block_tokens=args.block_tokens,
+            cache_tokens=args.cache_tokens)
+    except ValueError as err:
+        parser.exit(2, f"fakeserver: error: {err}\n")
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_main(config))
 

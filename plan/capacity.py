@@ -12,7 +12,12 @@ quantile meets the target. Two engine limits cap it:
   full on average, past which more agents add queueing, not throughput (a closed system's
   saturation point). With a duty of 1 it is max_num_seqs itself.
 Agents per GPU is floor(min(N_slo, caps)), the binding limit named; with a fleet of A agents,
-GPUs needed = ceil(A / agents per GPU) x the profile's GPUs per replica.
+GPUs needed = ceil(A / agents per GPU) x the profile's GPUs per replica. Both caps are
+heuristics, and a measurement outranks them (issue 29: the sequence cap read 4 where a search
+measured N=5 within the SLO): neither may bind below the largest measured level whose SLO
+quantile (the point estimate, failures ranked as misses) meets the SLO, below the smallest level
+that missed it (the search's own answer on the same cells, bench/run/boundary.py `capacity`). A
+cap so lifted is named in the binding limit.
 
 The SLO bounds, by default, the wall time the agent sees: postfork time plus the rewriting it
 waits through inline (`slo_time` wall; postfork: postfork time alone), so an inline rewriter's
@@ -130,6 +135,21 @@ class SloReference:
                        if self.substitute else "")
 
 
+@dataclass(frozen=True)
+class CapLift:
+    """An engine cap (`name`: KV cache or max_num_seqs) whose heuristic value `cap` lay below
+    `level`, a measured level within the SLO, so the cap binds at `level` at the lowest."""
+
+    name: str
+    cap: int
+    level: int
+
+    @property
+    def text(self) -> str:
+        return (f"{self.name} heuristic {self.cap} lifted: N={self.level} measured within "
+                "the SLO")
+
+
 @dataclass
 class ArmCapacity:
     """The capacity figures of one arm (module docstring); intervals are (low, high)."""
@@ -163,6 +183,10 @@ class ArmCapacity:
     model_error: ModelError = field(default_factory=ModelError)  # plan.curve
     slo_time: str = "wall"  # the time the SLO bounds (plan.settings)
     slo_reference: SloReference | None = None  # a relative SLO's reference (None: absolute)
+    held_level: int | None = None  # the largest measured level within the SLO (`within_slo`)
+    missed_level: int | None = None  # the smallest measured level that missed it
+    lifted: list[CapLift] = field(default_factory=list)  # engine caps a measurement outranked
+    sampling_only: bool = False  # fewer than 3 levels: no model-error band, the shape unchecked
 
     @property
     def unbounded(self) -> bool:
@@ -232,6 +256,45 @@ def capped(n_slo: float | None, kv_cap: int | None, seq_cap: int | None,
     if agents == 0 and name == "SLO":
         return 0, "SLO not met even by one agent"
     return agents, name
+
+
+def within_slo(levels: list[Level], excluded: list[Level], quantiles: np.ndarray,
+               slo_s: float) -> tuple[int | None, int | None]:
+    """(the largest measured level whose SLO quantile meets the SLO below the smallest one that
+    missed it, that smallest missed level): the search's answer on the same cells
+    (bench/run/boundary.py `capacity`: a level holds when its point is at most the limit; a level
+    left out of the fit for its failures misses). None where no level held / none missed."""
+    missed = [lv.level for lv, q in zip(levels, quantiles, strict=True) if q > slo_s]
+    first = min([*missed, *(lv.level for lv in excluded)], default=None)
+    held = [lv.level for lv, q in zip(levels, quantiles, strict=True)
+            if q <= slo_s and (first is None or lv.level < first)]
+    return max(held, default=None), first
+
+
+def lift_caps(kv_cap: int | None, seq_cap: int | None, held: int | None
+              ) -> tuple[int | None, int | None, list[CapLift]]:
+    """The engine caps raised to the largest level measured within the SLO (module docstring),
+    and what was lifted."""
+    lifts = [CapLift(name, cap, held) for name, cap in (("KV cache", kv_cap),
+                                                      ("max_num_seqs", seq_cap))
+             if cap is not None and held is not None and cap < held]
+
+    def raised(cap: int | None) -> int | None:
+        return cap if cap is None or held is None else max(cap, held)
+
+    return raised(kv_cap), raised(seq_cap), lifts
+
+
+def _lift_binding(binding: str, lifts: list[CapLift]) -> str:
+    """The binding limit naming the caps a measurement lifted (issue 29)."""
+    if not lifts:
+        return binding
+    said = "; ".join(lift.text for lift in lifts)
+    for lift in lifts:
+        if binding == lift.name:
+            return f"{lift.name} at N={lift.level} (heuristic {lift.cap} lifted: N="\
+                   f"{lift.level} measured within the SLO)"
+    return f"{binding} ({said})"
 
 
 def failure_cap(excluded: list[Level], quantile: float) -> tuple[str, int] | None:
@@ -354,6 +417,8 @@ def _arm(arm: str, levels: list[Level], excluded: list[Level], quantiles: np.nda
     weights = [lv.n for lv in levels]
     qs, cycles, row_caps = resampled
     kv_cap, seq_cap, duty, resident = _caps(levels, engine, slo.quantile)
+    held, missed = within_slo(levels, excluded, quantiles, slo_s)
+    kv_at, seq_at, lifts = lift_caps(kv_cap, seq_cap, held)
     failures = failure_cap(excluded, slo.quantile)
     below_failures = math.inf if failures is None else float(failures[1])
     reach = config.extrapolation * x[-1]
@@ -363,7 +428,8 @@ def _arm(arm: str, levels: list[Level], excluded: list[Level], quantiles: np.nda
     beyond = reach if raw is not None and math.isfinite(raw) and min(
         raw, below_failures) > reach else None
     n_slo = _within(raw, below_failures, reach)
-    agents, binding = capped(n_slo, kv_cap, seq_cap, failures)
+    agents, binding = capped(n_slo, kv_at, seq_at, failures)
+    binding = _lift_binding(binding, lifts)
     if math.isfinite(agents) and agents > reach:  # an engine cap past the reach: unmeasured
         agents, beyond = math.inf, reach
     if beyond is not None and math.isinf(agents):
@@ -371,7 +437,7 @@ def _arm(arm: str, levels: list[Level], excluded: list[Level], quantiles: np.nda
     n_arr = CurveBatch(x, qs, weights).inverse(slo_reps)
     n_arr = np.minimum(n_arr, np.minimum(row_caps, below_failures))
     n_arr = np.where(n_arr > reach, np.inf, n_arr)  # NaN (none attainable) stays NaN
-    agents_arr = np.array([capped(None if math.isnan(v) else float(v), kv_cap, seq_cap,
+    agents_arr = np.array([capped(None if math.isnan(v) else float(v), kv_at, seq_at,
                                   failures)[0] for v in n_arr])
     agents_arr = np.minimum(agents_arr, row_caps)
     agents_arr = np.where(agents_arr > reach, np.inf, agents_arr)
@@ -385,7 +451,7 @@ def _arm(arm: str, levels: list[Level], excluded: list[Level], quantiles: np.nda
     batch = CurveBatch(x, qs, weights)
     edges = [np.minimum(largest_meeting_batch(batch, slo_reps, band, sign, reach),
                         np.minimum(row_caps, below_failures)) for sign in (1, -1)]
-    edge_agents = [np.array([capped(None if math.isnan(v) else float(v), kv_cap, seq_cap,
+    edge_agents = [np.array([capped(None if math.isnan(v) else float(v), kv_at, seq_at,
                                     failures)[0] for v in e]) for e in edges]
     edge_agents = [np.where(np.minimum(a, row_caps) > reach, np.inf, np.minimum(a, row_caps))
                    for a in edge_agents]
@@ -397,6 +463,13 @@ def _arm(arm: str, levels: list[Level], excluded: list[Level], quantiles: np.nda
     low, high = interval(agents_arr, config.confidence)
     low = min(low, interval(edge_agents[0], config.confidence)[0])
     high = max(high, interval(edge_agents[1], config.confidence)[1])
+    sampling_only = len(levels) < 3
+    if sampling_only and n_slo is not None and math.isfinite(n_slo):
+        # no residual, so no model band: widen to the measured levels around the crossing
+        lo_b, hi_b = bracket(x, n_slo, reach)
+        n_ci = (min(n_ci[0], lo_b), max(n_ci[1], hi_b))
+        low = min(low, capped(lo_b, kv_at, seq_at, failures)[0])
+        high = max(high, capped(hi_b, kv_at, seq_at, failures)[0])
     whole = None if math.isinf(agents) else int(agents)
     return ArmCapacity(
         arm=arm, levels=levels, quantiles=quantiles,
@@ -413,7 +486,19 @@ def _arm(arm: str, levels: list[Level], excluded: list[Level], quantiles: np.nda
         gpus_per_replica=engine.gpus_per_replica, excluded=excluded, reach=reach,
         beyond=beyond if whole is None else None, model_error=band, slo_time=config.slo_time,
         n_slo_beyond=raw is not None and math.isfinite(raw) and n_slo is not None
-        and math.isinf(n_slo))
+        and math.isinf(n_slo), held_level=held, missed_level=missed, lifted=lifts,
+        sampling_only=sampling_only)
+
+
+def bracket(levels: list[int], n: float, reach: float) -> tuple[float, float]:
+    """The measured levels around a crossing at `n` (0 below the first; the reach past the
+    last). With fewer than 3 levels no residual measures the curve's shape, and a monotone
+    truth only promises that the crossing lies between the level that met the SLO and the one
+    that missed it: N's interval is widened to them (issue 29: two levels gave [6.8, 8.1]
+    against a true 9.04)."""
+    below = [float(v) for v in levels if v <= n]
+    above = [float(v) for v in levels if v > n]
+    return max(below, default=0.0), min(above, default=reach)
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,9 @@ spends its cycle and completes nothing, so `mean cycle` is the cycle per complet
 continuation's cycle, failed ones too, over the completed ones (plan.capacity.Level):
 tasks per GPU-hour = 3600 N / (mean cycle x GPUs per replica), GPU-seconds per task =
 GPUs x mean cycle / N, joules per task = the replica's mean NVML power in the cell's measured
-window x mean cycle / N. A second of an agent's time at level N costs GPUs / N GPU-seconds,
-which charges the self arm for its compressor's share of the same GPU (its rewriting is in its
+window x mean cycle / N (at the planned N, the power interpolated between the measured levels
+around it, `power_at`). A second of an agent's time at level N costs GPUs / N GPU-seconds, which
+charges the self arm for its compressor's share of the same GPU (its rewriting is in its
 cycle, its compressor requests in the measured load). The external arm's compressor runs
 elsewhere and is charged per token (prompt + completion) at COMPRESSOR_USD_PER_MTOK.
 
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from compaction_bench.common.resampling import interval, replicates
-from compaction_bench.plan.capacity import ArmCapacity, Level
+from compaction_bench.plan.capacity import ArmCapacity
 from compaction_bench.plan.curve import MonotoneCurve
 from compaction_bench.plan.observations import Continuation, Observations, Window
 
@@ -132,24 +133,41 @@ def operating_point(capacity: ArmCapacity, observations: Observations, prices: P
     levels = [lv.level for lv in capacity.levels]
     weights = [lv.n for lv in capacity.levels]
     mean = MonotoneCurve(levels, capacity.mean_cycle, weights)(n)
-    nearest = _nearest(capacity.levels, n)
+    power, note = power_at(capacity, observations, n)
     group = observations.of(capacity.arm, "sweep")
     reps_n = capacity.replicates.astype(float)
     reps_cycle = capacity.cycle_replicates
     with np.errstate(divide="ignore", invalid="ignore"):
         per_task = np.where((reps_n > 0) & np.isfinite(reps_n), reps_cycle / reps_n, np.nan)
     found = _figures(capacity.arm, f"planned N={n}", n, sum(weights), mean, None,
-                     observations.engine.gpus_per_replica, prices, _tokens(group),
-                     mean_power(observations, observations.windows.get((capacity.arm,
-                                                                        nearest))),
+                     observations.engine.gpus_per_replica, prices, _tokens(group), power,
                      confidence, per_task_reps=per_task)
-    note = f"energy from the measured level N={nearest}" if observations.power else ""
     return dataclasses.replace(found, extrapolated=capacity.extrapolated, note=note)
 
 
-def _nearest(levels: list[Level], n: float) -> int:
-    below = [lv.level for lv in levels if lv.level <= n]
-    return max(below) if below else levels[0].level
+def power_at(capacity: ArmCapacity, observations: Observations, n: float
+             ) -> tuple[float | None, str]:
+    """The replica's power at `n` agents, and how it was had: linear between the two measured
+    levels around `n`, that level's own where measured, the nearest end level's beyond them
+    (said so). Issue 29: the nearest lower level's power was used unstated, 13% low on the
+    issue's synthetic case (25% on tests/plan/test_caps.py's, power rising with N)."""
+    known = [(lv.level, watts) for lv in capacity.levels
+             if (watts := mean_power(observations, observations.windows.get(
+                 (capacity.arm, lv.level)))) is not None]
+    if not known:
+        return None, ""
+    below = [k for k in known if k[0] <= n]
+    above = [k for k in known if k[0] >= n]
+    if below and above:
+        (n0, p0), (n1, p1) = below[-1], above[0]
+        if n0 == n1:
+            return p0, f"energy at N={n:g} from its measured power ({p0:.0f} W)"
+        watts = p0 + (p1 - p0) * (n - n0) / (n1 - n0)
+        return watts, (f"energy at N={n:g} from power interpolated between the measured levels "
+                       f"N={n0} ({p0:.0f} W) and N={n1} ({p1:.0f} W): {watts:.0f} W")
+    n0, p0 = below[-1] if below else above[0]
+    return p0, (f"energy at N={n:g} from the power of the nearest measured level N={n0} "
+                f"({p0:.0f} W): N={n:g} lies beyond the measured levels, its power unmeasured")
 
 
 def _figures(arm: str, condition: str, agents: float, count: int, mean_cycle: float,

@@ -99,7 +99,12 @@ def _arm(plan: Plan, cap: ArmCapacity) -> dict[str, Any]:
             "resident_tokens": num(cap.resident_tokens),
             "kv_pool_tokens": engine.kv_pool_tokens, "kv_source": engine.kv_source,
             "max_num_seqs": engine.max_num_seqs,
-            "n_continuations": sum(lv.n for lv in cap.levels)},
+            "n_continuations": sum(lv.n for lv in cap.levels),
+            "n_fit": sum(lv.n_all for lv in cap.levels),
+            "caps_lifted": [dataclasses.asdict(lift) for lift in cap.lifted],
+            "largest_level_within_slo": cap.held_level,
+            "smallest_level_missing_slo": cap.missed_level,
+            "interval_sampling_only": cap.sampling_only},
         "levels": levels,
         "excluded_levels": [{"level": lv.level, "n": lv.n, "failed": lv.failed,
                              "censored": lv.censored, "lost": lv.n == 0}

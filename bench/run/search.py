@@ -33,6 +33,7 @@ import numpy as np
 
 from compaction_bench.bench.run.arm import Arm
 from compaction_bench.bench.run.boundary import (
+    Capacity,
     Measure,
     Step,
     Verdict,
@@ -86,6 +87,11 @@ class ArmSearch:
     def step(self, limit_s: float, label: str, max_level: int) -> Step:
         held = {n: v.held for n, v in self.verdicts(limit_s, label).items()}
         return next_step(held, self.confirmed, max_level)
+
+    def answer(self, limit_s: float, label: str, max_level: int) -> Capacity:
+        """The arm's capacity from its tested levels' latest passes (`make plan` of the same
+        cells names the same largest level within the SLO, plan/capacity.py `within_slo`)."""
+        return capacity(self.verdicts(limit_s, label), max_level)
 
 
 def limit_s(slo: Slo, reference: ArmSearch) -> float | None:
@@ -225,7 +231,7 @@ class Search:
         assert limit is not None
         for name, state in states.items():
             verdicts = state.verdicts(limit, label)
-            answer = capacity(verdicts, self.max_level)
+            answer = state.answer(limit, label, self.max_level)
             decisions.write({"kind": "result", "arm": name, "slo": config.slo,
                              "limit_s": limit, **answer.to_json(),
                              "held": {str(n): v.held for n, v in sorted(verdicts.items())},

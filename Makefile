@@ -41,6 +41,8 @@ help:
 	@echo "                          serve target + compressor from one vLLM engine, self-checked"
 	@echo "make serve REPLICAS=n [ROUTER_POLICY=consistent_hash|round_robin|cache_aware|...]"
 	@echo "                          n replicas on PORT+2.. behind vLLM's router on PORT"
+	@echo "make serve [REPLICAS=n] REPLICA_CPUS=c [REPLICA_CPU_QUOTA=q]   each replica, one alone"
+	@echo "                          too, on its own c CPUs [and a cgroup v2 cpu.max of q CPUs]"
 	@echo "make stop [PORT=...]      stop background servers;  make profiles: list profiles"
 	@echo "make histories [TASK=...] [ARMS=...] [BASE_URL=...]   acquire histories, write arm files"
 	@echo "make import FILE=... [FORK=n] [OUT=...]   import your own agent's log as a history;"
@@ -78,7 +80,9 @@ $(STAMP): pyproject.toml setup.py Makefile
 
 SERVE_FLAGS = --profile $(PROFILE) --port $(PORT) --host $(HOST) $(if $(MODEL),--model $(MODEL)) \
   $(if $(filter 1,$(SPECULATIVE)),--speculative) $(if $(filter 1,$(EXPERT_PARALLEL)),--expert-parallel) \
-  $(if $(REPLICAS),--replicas $(REPLICAS)) $(if $(ROUTER_POLICY),--router-policy $(ROUTER_POLICY))
+  $(if $(REPLICAS),--replicas $(REPLICAS)) $(if $(ROUTER_POLICY),--router-policy $(ROUTER_POLICY)) \
+  $(if $(REPLICA_CPUS),--replica-cpus $(REPLICA_CPUS)) \
+  $(if $(REPLICA_CPU_QUOTA),--replica-cpu-quota $(REPLICA_CPU_QUOTA))
 
 serve: install
 	$(CB) serve $(SERVE_FLAGS) $(if $(filter 1,$(FAST_START)),--fast-start) $(if $(DRY_RUN),--dry-run)

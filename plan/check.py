@@ -129,6 +129,41 @@ def _rows(plan: Plan, check: Observations, fleet: Fleet, rng: np.random.Generato
     return rows
 
 
+SHARE_NOTE = "Warning: host share not recorded"
+
+
+def host_share_note(plan: Plan, check: Observations) -> str | None:
+    """Refuse, in one line, a check run whose replicas had another share of the host than the
+    plan run's replica (a CPU set of another size, another cpu.max quota: issue 29; the
+    manifests' `server.replicas[].host_share`, serve.share); a warning line for plan_check.md
+    where either run records none (a run from before shares were recorded), None where the
+    shares are equal."""
+    from compaction_bench.serve.share import describe_share, share_key
+
+    def shares(obs: Observations) -> list[Any]:
+        server = obs.manifest.get("server")
+        listed = server.get("replicas") if isinstance(server, dict) else None
+        return [r.get("host_share") for r in listed or [] if isinstance(r, dict)] or [None]
+
+    planned, checked = shares(plan.observations), shares(check)
+    keys = {share_key(s) for s in planned + checked}
+    plan_id = plan.observations.run_id
+    if None in keys:
+        unrecorded = [run for run, found in ((plan_id, planned), (check.run_id, checked))
+                      if any(share_key(s) is None for s in found)]
+        return (f"{SHARE_NOTE} in {' and '.join(unrecorded)}: compared with {check.run_id} "
+                "without knowing that each replica had the same share of the host (serve both "
+                "with the same REPLICA_CPUS / REPLICA_CPU_QUOTA to know it).")
+    if len(keys) > 1:
+        raise PlanError(
+            f"{plan_id} (plan: replica {describe_share(planned[0])}) and {check.run_id} "
+            f"(replicas: {'; '.join(describe_share(s) for s in checked)}) ran under different "
+            "shares of the host per replica, so the plan cannot be checked on it: serve both "
+            "with the same REPLICA_CPUS / REPLICA_CPU_QUOTA (make serve REPLICA_CPUS=1, then "
+            "make serve REPLICAS=2 REPLICA_CPUS=1) and measure again")
+    return None
+
+
 def check_plan(config: PlanConfig, check_runs: list[Path], replicas: int | None = None
                ) -> tuple[Plan, list[CheckRow]]:
     """The plan of `config.run_dir` and its check against every check run."""
@@ -144,6 +179,8 @@ def check_plan(config: PlanConfig, check_runs: list[Path], replicas: int | None 
             raise PlanError(f"{path}: not a sweep run; run the check as REGIME=sweep "
                             "SWEEP_LEVELS=<planned agents for the replicas> through the router")
         fleet = fleet_of(check, replicas)
+        if (note := host_share_note(plan, check)) is not None:
+            plan.notes.append(note)
         if fleet.replicas is None:
             raise PlanError(f"{path}/manifest.json: names no replicas (config replica_urls, "
                             "selfcheck.replicas); pass --replicas R")
@@ -174,6 +211,7 @@ def check_markdown(plan: Plan, rows: list[CheckRow]) -> str:
              f"its {100 * plan.config.confidence:g}% bootstrap interval; SLO "
              f"{plan.config.target.label}; error = (predicted - measured) / measured "
              "(plan/check.py).", ""]
+    lines += [f"{note}\n" for note in plan.notes if note.startswith(SHARE_NOTE)]
     cells = [[r.policy, str(r.replicas), r.arm, f"{r.level}{' (planned)' if r.planned else ''}",
               f"{_fmt(r.predicted_s)}{' (extrapolated)' if r.extrapolated else ''}"
               if r.predicted_s is not None else "beyond measured range",

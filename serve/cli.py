@@ -22,7 +22,13 @@ from compaction_bench.serve.launcher import (
 from compaction_bench.serve.model import resolve_model
 from compaction_bench.serve.process import stop_background
 from compaction_bench.serve.profile import Profile, known_profiles, load_profile, resolve_profile
-from compaction_bench.serve.replicas import FleetConfig, check_router, replica_configs, serve_fleet
+from compaction_bench.serve.replicas import (
+    FleetConfig,
+    check_router,
+    replica_configs,
+    serve_fleet,
+    server_config,
+)
 from compaction_bench.serve.router import (
     DEFAULT_POLICY,
     ROUTER_POLICIES,
@@ -35,6 +41,7 @@ from compaction_bench.serve.selfcheck import (
     run_selfcheck,
     selfcheck_plan,
 )
+from compaction_bench.serve.share import NO_SHARE, HostShare, cpu_max
 
 app = typer.Typer(help="Start, stop and inspect the suite's vLLM servers.", no_args_is_help=True,
                   add_completion=False, pretty_exceptions_enable=False)
@@ -97,29 +104,41 @@ def serve(
     router_policy: Annotated[str, typer.Option(
         help=f"ROUTER_POLICY, with REPLICAS>1: one of {', '.join(ROUTER_POLICIES)}")
     ] = DEFAULT_POLICY,
+    replica_cpus: Annotated[int | None, typer.Option(
+        help="REPLICA_CPUS: each replica's CPU set of this many CPUs, one server alone "
+        "included, the rest left to the client and router (recorded in the run manifest); "
+        "default: one server unpinned, REPLICAS>1 split the CPUs", min=1)] = None,
+    replica_cpu_quota: Annotated[float | None, typer.Option(
+        help="REPLICA_CPU_QUOTA: each replica's cgroup v2 cpu.max quota in CPUs (0.9 = 90% of "
+        "one CPU), in a cgroup of its own removed when it stops; default: none", min=0.01)
+    ] = None,
 ) -> None:
     """Serve a profile: the target and compressor names from one engine, self-checked."""
     if router_policy not in ROUTER_POLICIES:
         raise typer.BadParameter(f"unknown router policy '{router_policy}'; use one of "
                                  f"{', '.join(ROUTER_POLICIES)}", param_hint="ROUTER_POLICY")
+    share = HostShare(cpus=replica_cpus, cpu_quota=replica_cpu_quota)
     if dry_run:
         typer.echo(show(profile, port=port, host=host, model=model, speculative=speculative,
-                        expert_parallel=expert_parallel))
+                        expert_parallel=expert_parallel, share=share))
         if replicas > 1:
-            typer.echo(show_replicas(profile, replicas, router_policy, port=port, host=host))
+            typer.echo(show_replicas(profile, replicas, router_policy, port=port, host=host,
+                                     share=share))
         return
     config = ServerConfig(
         profile=_profile(profile, speculative, expert_parallel), host=host, port=port,
         model=model or None, api_key=os.environ.get("API_KEY") or None,
         ready_timeout_s=timeout, fast_start=fast_start,
     )
+    if replicas == 1:
+        config = server_config(config, share)
     if replicas > 1:
         if background:
             raise typer.BadParameter("REPLICAS>1 runs in the foreground only (Ctrl-C or `make "
                                      "stop` ends it)", param_hint="--background")
         model_name = config.profile.model.target_name
         raise typer.Exit(serve_fleet(
-            FleetConfig(server=config, replicas=replicas, policy=router_policy),
+            FleetConfig(server=config, replicas=replicas, policy=router_policy, share=share),
             check=_check if selfcheck else None,
             router_check=(lambda fleet: check_router(fleet, model_name, api_key=config.api_key))
             if selfcheck else None))
@@ -197,12 +216,13 @@ def profiles() -> None:
 
 def show(profile: str = "auto", *, port: int = 8000, host: str = "127.0.0.1",
          model: str | None = None, speculative: bool | None = None,
-         expert_parallel: bool | None = None) -> str:
+         expert_parallel: bool | None = None, share: HostShare = NO_SHARE) -> str:
     """The exact server command, its environment and the self-check plan of a profile
     (`make serve DRY_RUN=1`): nothing is started, converted or downloaded."""
     p = _profile(profile, speculative, expert_parallel)
-    config = ServerConfig(profile=p, port=port, host=host,
-                          api_key="***" if os.environ.get("API_KEY") else None)
+    config = server_config(ServerConfig(profile=p, port=port, host=host,
+                                        api_key="***" if os.environ.get("API_KEY") else None),
+                           share)
     f = p.features
     spec = ("none in the recipe" if f.speculative is None else
             f"{'ON' if f.speculative.enabled else 'off'} ({f.speculative.config}; SPECULATIVE=1 / "
@@ -229,17 +249,19 @@ def show(profile: str = "auto", *, port: int = 8000, host: str = "127.0.0.1",
 
 
 def show_replicas(profile: str, replicas: int, policy: str, *, port: int = 8000,
-                  host: str = "127.0.0.1") -> str:
+                  host: str = "127.0.0.1", share: HostShare = NO_SHARE) -> str:
     """What `make serve REPLICAS=n DRY_RUN=1` adds: each replica's port and pinning, and the
     router's command."""
     base = ServerConfig(profile=resolve_profile(profile), port=port, host=host)
-    configs = replica_configs(base, replicas)
+    configs = replica_configs(base, replicas, share=share)
     lines = [f"# {replicas} replicas of the command above, each with its own port and share:"]
     for c in configs:
         pin = (f"taskset -c {cpu_list(c.cpus)}, VLLM_CPU_OMP_THREADS_BIND={cpu_list(c.cpus)}"
                if c.cpus else f"CUDA_VISIBLE_DEVICES={','.join(map(str, c.gpu_ids))}"
                if c.gpu_ids else "not pinned")
-        lines.append(f"#   --port {c.port}: {pin}")
+        quota = (f", cgroup v2 cpu.max {cpu_max(c.cpu_quota)} ({c.cpu_quota:g} CPU)"
+                 if c.cpu_quota is not None else "")
+        lines.append(f"#   --port {c.port}: {pin}{quota}")
     router = RouterConfig(worker_urls=tuple(c.server_url for c in configs), policy=policy,
                           host=host, port=port)
     lines.append("# and vLLM's router in front of them, on PORT:")

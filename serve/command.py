@@ -16,6 +16,7 @@ from pathlib import Path
 
 from compaction_bench.common.net import api_url
 from compaction_bench.serve.profile import Profile
+from compaction_bench.serve.share import cgroup_path, cgroup_prefix
 
 ALWAYS_ON = ("--enable-prefix-caching", "--enable-prompt-tokens-details")
 OFFLINE_ENV = {
@@ -51,6 +52,9 @@ class ServerConfig:
     cpus: tuple[int, ...] = ()
     # The GPUs this server may use (a replica on a GPU machine): CUDA_VISIBLE_DEVICES.
     gpu_ids: tuple[int, ...] = ()
+    # A cgroup v2 cpu.max quota in CPUs (REPLICA_CPU_QUOTA; serve.share): the server runs in a
+    # cgroup of its own, made before it starts and removed when it stops. None: no quota.
+    cpu_quota: float | None = None
 
     @property
     def server_url(self) -> str:
@@ -70,6 +74,8 @@ def build_command(config: ServerConfig, model: Path | str) -> list[str]:
     engine: the suite's fake server, its timing and replies from `extra_args`)."""
     p, e = config.profile, config.profile.engine_args
     pin = ["taskset", "-c", cpu_list(config.cpus)] if config.cpus else []
+    if config.cpu_quota is not None:
+        pin = [*cgroup_prefix(cgroup_path(config.port)), *pin]
     if p.engine == "fake":
         return [*pin, config.python, "-m", FAKE_MODULE, "--host", config.host, "--port",
                 str(config.port), *e.extra_args]

@@ -43,6 +43,7 @@ from compaction_bench.serve.hardware import detect_gpus
 from compaction_bench.serve.model import resolve_model
 from compaction_bench.serve.process import pid_file, rotate_log, tail, write_pid_file
 from compaction_bench.serve.profile import Profile
+from compaction_bench.serve.share import host_share, make_cgroup, remove_cgroup
 from compaction_bench.serve.versions import check_vllm_version, installed_vllm
 
 # ServerConfig and build_command (serve.command) are used with the launcher
@@ -121,6 +122,7 @@ class Server:
         self.ready_s: float | None = None  # seconds from spawn to /health 200
         self._log: IO[bytes] | None = None
         self._pump: threading.Thread | None = None
+        self.cgroup: Path | None = None  # its cpu.max cgroup (REPLICA_CPU_QUOTA), while it runs
 
     @property
     def server_url(self) -> str:
@@ -143,25 +145,33 @@ class Server:
         model = "fake" if self.config.profile.engine == "fake" else resolve_model(
             self.config.model or self.config.profile.model.source, python=self.config.python)
         self.command = build_command(self.config, model)
+        if self.config.cpu_quota is not None:  # refused here, before the old log is rotated
+            self.cgroup = make_cgroup(self.config.port, self.config.cpu_quota)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         rotate_log(self.log_path)
         self._log = self.log_path.open("wb")
         self.started_monotonic = time.monotonic()
-        self.process = subprocess.Popen(
-            self.command,
-            stdout=subprocess.PIPE if echo else self._log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=build_env(self.config),
-            start_new_session=True,  # its own process group: stop() takes every child with it
-        )
+        try:
+            self.process = subprocess.Popen(
+                self.command,
+                stdout=subprocess.PIPE if echo else self._log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=build_env(self.config),
+                start_new_session=True,  # its own process group: stop() takes every child
+            )
+        except BaseException:
+            self._cleanup()
+            raise
         if echo:
             self._pump = threading.Thread(target=self._copy_output, daemon=True)
             self._pump.start()
         write_pid_file(self.config.port, {
             "pid": self.process.pid, "pgid": self.process.pid, "host": self.config.host,
             "port": self.config.port, "profile": self.config.profile.name,
-            "log": str(self.log_path), "started": time.time()})
+            "log": str(self.log_path), "started": time.time(),
+            "host_share": host_share(self.config.cpus, self.config.cpu_quota),
+            "cgroup": str(self.cgroup) if self.cgroup else None})
 
     def _copy_output(self) -> None:
         assert self.process is not None and self.process.stdout is not None
@@ -219,6 +229,8 @@ class Server:
             self._log = None
         with contextlib.suppress(FileNotFoundError):
             self.pid_file.unlink()
+        if self.cgroup is not None and remove_cgroup(self.cgroup):
+            self.cgroup = None
 
     def __enter__(self) -> Server:
         self.start()

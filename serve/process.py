@@ -21,6 +21,7 @@ import psutil
 from compaction_bench.common.files import write_json_atomic
 from compaction_bench.common.paths import run_state_dir
 from compaction_bench.common.processtree import stop_tree
+from compaction_bench.serve.share import remove_cgroup
 
 LOG_TAIL_LINES = 25
 
@@ -95,5 +96,7 @@ def stop_background(port: int | None = None, timeout_s: float = 30.0) -> list[di
         else:
             record["stale"] = True
         path.unlink(missing_ok=True)
+        if record.get("cgroup"):  # a server under REPLICA_CPU_QUOTA: its cgroup goes with it
+            remove_cgroup(Path(record["cgroup"]))
         stopped.append(record)
     return stopped

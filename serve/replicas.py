@@ -5,9 +5,10 @@ The router listens on PORT (so BASE_URL and every command stay as for one server
 `serve.launcher.Server` with its own log and pid file, so `make stop` stops replicas and router
 alike. On the CPU engine each replica is pinned to its own share of the CPUs this process may
 use (`taskset -c` and VLLM_CPU_OMP_THREADS_BIND); on a GPU profile each gets its own
-`profile.gpus` GPUs (CUDA_VISIBLE_DEVICES). Replicas start together and are checked one by one
-with the serve-time self-check; then the router starts and is checked with one short request per
-session (`check_router`).
+`profile.gpus` GPUs (CUDA_VISIBLE_DEVICES). REPLICA_CPUS / REPLICA_CPU_QUOTA (serve.share)
+give every replica the same fixed share instead, one server alone included (`server_config`).
+Replicas start together and are checked one by one with the serve-time self-check; then the
+router starts and is checked with one short request per session (`check_router`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from compaction_bench.serve.endpoints import ServerEndpoints
 from compaction_bench.serve.hardware import detect_gpus
 from compaction_bench.serve.launcher import Server, ServerConfig, check_port
 from compaction_bench.serve.router import Router, RouterConfig, routed_counts
+from compaction_bench.serve.share import NO_SHARE, HostShare, host_share, share_cpus
 
 
 class ReplicaError(SuiteError):
@@ -60,21 +62,36 @@ def gpu_shares(replicas: int, per_replica: int, available: int) -> list[tuple[in
     return [tuple(range(i * per_replica, (i + 1) * per_replica)) for i in range(replicas)]
 
 
-def replica_configs(base: ServerConfig, replicas: int,
-                    cpus: Sequence[int] | None = None) -> list[ServerConfig]:
+def replica_configs(base: ServerConfig, replicas: int, cpus: Sequence[int] | None = None,
+                    share: HostShare = NO_SHARE) -> list[ServerConfig]:
     """One server config per replica: port PORT+1+i (PORT+1 is the bench's embedded
-    compressor's), its own CPUs (CPU engine) or GPUs (CUDA)."""
+    compressor's), its own CPUs (CPU engine, or any engine under REPLICA_CPUS) or GPUs (CUDA),
+    and the share's quota. `cpus`: those this process may use (default: its affinity)."""
     if replicas < 1:
         raise ReplicaError(f"REPLICAS={replicas}: give 1 or more")
     engine = base.profile.engine
-    configs = [replace(base, port=base.port + i + 2, log_path=None) for i in range(replicas)]
-    if engine == "cpu":
-        shares = cpu_shares(replicas, cpus if cpus is not None else sorted(os.sched_getaffinity(0)))
-        return [replace(c, cpus=s) for c, s in zip(configs, shares, strict=True)]
+    available = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
+    sets = share_cpus(share, replicas, available)
+    configs = [replace(base, port=base.port + i + 2, log_path=None, cpu_quota=share.cpu_quota)
+               for i in range(replicas)]
+    if sets is not None:  # REPLICA_CPUS: the same share whatever the number of replicas
+        configs = [replace(c, cpus=s) for c, s in zip(configs, sets, strict=True)]
+    elif engine == "cpu":
+        configs = [replace(c, cpus=s) for c, s in zip(configs, cpu_shares(replicas, available),
+                                                      strict=True)]
     if engine == "cuda":
         gpus = gpu_shares(replicas, max(1, base.profile.gpus), len(detect_gpus()))
         return [replace(c, gpu_ids=g) for c, g in zip(configs, gpus, strict=True)]
-    return configs  # the fake engine: nothing to pin
+    return configs  # the fake engine: pinned only under REPLICA_CPUS
+
+
+def server_config(base: ServerConfig, share: HostShare, cpus: Sequence[int] | None = None
+                  ) -> ServerConfig:
+    """One server (`make serve` without REPLICAS) under `share`: the CPU set and quota replica 1
+    of a fleet would get; as it is where no share is given (not pinned)."""
+    available = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
+    sets = share_cpus(share, 1, available)
+    return replace(base, cpus=sets[0] if sets else base.cpus, cpu_quota=share.cpu_quota)
 
 
 @dataclass(frozen=True)
@@ -85,6 +102,7 @@ class FleetConfig:
     server: ServerConfig
     replicas: int
     policy: str
+    share: HostShare = NO_SHARE  # REPLICA_CPUS / REPLICA_CPU_QUOTA; default: as before
 
 
 class Fleet:
@@ -93,7 +111,7 @@ class Fleet:
     def __init__(self, config: FleetConfig, cpus: Sequence[int] | None = None) -> None:
         self.config = config
         self.servers = [Server(c) for c in replica_configs(config.server, config.replicas,
-                                                            cpus)]
+                                                            cpus, config.share)]
         base = config.server
         self.router = Router(RouterConfig(
             worker_urls=tuple(s.server_url for s in self.servers), policy=config.policy,
@@ -106,9 +124,12 @@ class Fleet:
         return self.router.config.server_url + "/v1"
 
     def replicas(self) -> list[dict[str, Any]]:
-        """Each replica's URL and pinning, as the router's pid file and manifests record them."""
+        """Each replica's URL, pinning and share of the host, as the router's pid file and
+        manifests record them."""
         return [{"url": s.server_url, "cpus": list(s.config.cpus),
-                 "gpus": list(s.config.gpu_ids)} for s in self.servers]
+                 "gpus": list(s.config.gpu_ids),
+                 "host_share": host_share(s.config.cpus, s.config.cpu_quota)}
+                for s in self.servers]
 
     def start(self) -> None:
         """Start every replica, wait for all to be healthy, then start the router."""
@@ -197,8 +218,9 @@ def serve_fleet(config: FleetConfig, *, check: Callable[[Server], object] | None
     fleet = Fleet(config)
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        names = ", ".join(f"{s.server_url} (CPUs {cpu_list(s.config.cpus) or 'any'})"
-                          for s in fleet.servers)
+        names = ", ".join(f"{s.server_url} (CPUs {cpu_list(s.config.cpus) or 'any'}"
+                          + (f", quota {s.config.cpu_quota:g} CPU" if s.config.cpu_quota else "")
+                          + ")" for s in fleet.servers)
         print(f"== starting {config.replicas} replicas of {config.server.profile.name}: "
               f"{names}; logs in {fleet.servers[0].log_path.parent} ==", flush=True)
         fleet.start()

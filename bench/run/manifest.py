@@ -53,6 +53,18 @@ def build_manifest(config: BenchConfig, profile: Profile, *, run_id: str, api_ur
     }
 
 
+def replica_shares(config: BenchConfig, url: str) -> list[dict[str, Any]]:
+    """The manifest's `server.replicas`: each replica the run measured (the one server, or
+    those behind the router) with its share of the host as its pid file records it
+    (`host_share`: CPU set, cpu.max quota, the host's CPUs; None for a server elsewhere or one
+    started before shares were recorded). `make plan-check` compares them (serve.share)."""
+    from compaction_bench.bench.run.telemetry import replica_targets
+    from compaction_bench.serve.share import recorded_shares
+
+    targets = replica_targets(config)
+    return recorded_shares(targets.urls if targets is not None else (url,))
+
+
 def _notes(config: BenchConfig, profile: Profile) -> str:
     """What a run on the CPU default can show, said in its manifest and report."""
     if profile.name != "cpu-tiny":

@@ -24,7 +24,7 @@ from compaction_bench.bench.run.arm import Arm
 from compaction_bench.bench.run.block import BlockSettings
 from compaction_bench.bench.run.compressors import build_arms, open_compressors
 from compaction_bench.bench.run.config import BenchConfig, BenchError
-from compaction_bench.bench.run.manifest import build_manifest, history_hashes
+from compaction_bench.bench.run.manifest import build_manifest, history_hashes, replica_shares
 from compaction_bench.bench.run.phases import PhaseLog
 from compaction_bench.bench.run.replay import (
     ReplaySource,
@@ -258,6 +258,7 @@ def _setup(session: Session, stack: ExitStack, prints: dict[str, Any], kind: Run
                          "sandbox": prints["sandbox"] if session.sandbox else {
                              "level": "not needed", "why": "replay runs no agent commands"},
                          **replay_manifest, **_router(config), **extra})
+        manifest["server"]["replicas"] = replica_shares(config, session.url)
         write_json(session.run_dir / "manifest.json", manifest)
         session.manifest = manifest
     session.settings = BlockSettings(

@@ -79,6 +79,9 @@ def test_replay_blocks_send_every_recorded_turn_at_its_recorded_length(
         RECORDS)
     assert manifest["config"]["side_by_side"] is False  # replay's default: one after another
     assert manifest["replay"]["served_prompt_counted"].startswith("estimated")  # no /tokenize
+    # each replica's share of the host (serve.share): none recorded for a server the suite
+    # did not start (tests/serve/test_share_e2e.py: one it did)
+    assert [r["host_share"] for r in manifest["server"]["replicas"]] == [None]
     report = (run / "report.md").read_text()
     assert "## What was replayed, and whose time was measured" in report
     forced = sum(a["forced_requests"] for a in arms)

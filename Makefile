@@ -27,7 +27,7 @@ UV := $(VENV)/bin/uv
 # where a named run lives: a path as given, else results/<id>
 run_path = $(if $(wildcard $(1)),$(1),results/$(1))
 
-.PHONY: help install serve stop profiles histories import bench bench-settings report compare \
+.PHONY: help install serve stop profiles histories import bench bench-settings report compare fleet-truth \
   report-study plan plan-check kernels kernels-gpu faults bench-client bench-redaction test test-unit \
   test-e2e test-integration lint docs clean
 
@@ -125,12 +125,27 @@ plan: install
 	  $(if $(COMPRESSOR_USD_PER_MTOK),--compressor-usd-per-mtok $(COMPRESSOR_USD_PER_MTOK)) \
 	  $(if $(COSTMODEL),--costmodel $(COSTMODEL)) $(if $(PREDICT_DEVICE),--predict-device "$(PREDICT_DEVICE)") \
 	  $(if $(SEED),--seed $(SEED)) $(if $(SLO_TIME),--slo-time $(SLO_TIME)) \
-	  $(if $(EXTRAPOLATION),--extrapolation $(EXTRAPOLATION))
+	  $(if $(EXTRAPOLATION),--extrapolation $(EXTRAPOLATION)) \
+	  $(if $(FLEET_REPLICAS),--fleet-replicas $(FLEET_REPLICAS)) \
+	  $(if $(FLEET_POLICIES),--fleet-policies $(FLEET_POLICIES)) \
+	  $(if $(REPLICA_URLS),--replica-urls $(REPLICA_URLS))
 
 plan-check: install
 	@test -n "$(PLAN)" -a -n "$(RUNS)" || { echo "usage: make plan-check PLAN=<one-replica sweep run, planned first with make plan> RUNS=\"<sweep run through the router>...\" [REPLICAS=n]  (the check uses the plan's own settings, from PLAN's plan.json)"; exit 2; }
 	$(CB) plan-check $(call run_path,$(PLAN)) $(foreach r,$(RUNS),$(call run_path,$(r))) \
 	  $(if $(REPLICAS),--replicas $(REPLICAS))
+
+# The fleet plan against fleets of fake replicas of known capacity behind the real router
+# (plan/truth.py): REPLICAS_LIST, POLICIES, ARMS, SLOTS, PREFILL_MS_PER_TOKEN, CACHE_DISCOUNT,
+# STEP_MS, STEP_MS_PER_SEQ, LEVELS, MIN_CONTINUATIONS, SLO, OUT change it.
+fleet-truth: install
+	$(CB) fleet-truth $(if $(OUT),--out $(OUT)) $(if $(REPLICAS_LIST),--replicas $(REPLICAS_LIST)) \
+	  $(if $(POLICIES),--policies $(POLICIES)) $(if $(ARMS),--arms $(ARMS)) \
+	  $(if $(SLOTS),--slots $(SLOTS)) $(if $(PREFILL_MS_PER_TOKEN),--prefill-ms-per-token $(PREFILL_MS_PER_TOKEN)) \
+	  $(if $(CACHE_DISCOUNT),--cache-discount $(CACHE_DISCOUNT)) $(if $(STEP_MS),--step-ms $(STEP_MS)) \
+	  $(if $(STEP_MS_PER_SEQ),--step-ms-per-seq $(STEP_MS_PER_SEQ)) $(if $(LEVELS),--levels $(LEVELS)) \
+	  $(if $(MIN_CONTINUATIONS),--min-continuations $(MIN_CONTINUATIONS)) $(if $(SLO),--slo $(SLO)) \
+	  $(if $(SEED),--seed $(SEED))
 
 kernels: install
 	$(CB) kernels run --profile $(PROFILE) --port $(PORT) $(if $(BASE_URL),--base-url $(BASE_URL))

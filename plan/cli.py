@@ -118,3 +118,53 @@ def _ints(text: str, name: str) -> tuple[int, ...]:
     except ValueError:
         raise typer.BadParameter(f"{text!r}: give whole numbers, comma-separated (e.g. 2,4,8)",
                                  param_hint=name) from None
+
+
+@app.command("fleet-truth")
+def fleet_truth(
+    out: Annotated[Path, typer.Option(help="folder for the runs and fleet-truth.md/json")
+                   ] = Path("results/fleet-truth"),
+    replicas: Annotated[str, typer.Option(help="fleet sizes R, comma-separated")] = "2,4,8",
+    policies: Annotated[str, typer.Option(help="router policies, comma-separated")
+                        ] = "round_robin,consistent_hash,cache_aware",
+    arms: Annotated[str, typer.Option(help="arms, comma-separated")] = "clean,external",
+    slots: Annotated[int, typer.Option(help="the fake engine's sequence slots")] = 4,
+    prefill_ms_per_token: Annotated[float, typer.Option(
+        help="prefill cost of an uncached prompt token, ms")] = 0.2,
+    cache_discount: Annotated[float, typer.Option(
+        help="a cached token costs (1 - this) x the prefill cost")] = 1.0,
+    step_ms: Annotated[float, typer.Option(help="a decode step's base cost, ms")] = 2.0,
+    step_ms_per_seq: Annotated[float, typer.Option(
+        help="a decode step's cost per running sequence, ms")] = 0.25,
+    levels: Annotated[str, typer.Option(help="the one-replica sweep's levels")] = "1,2,4,8",
+    min_continuations: Annotated[int, typer.Option(
+        help="measured continuations per level at least")] = 16,
+    slo: Annotated[str, typer.Option(help="latency target, as make plan's")] = DEFAULT_SLO,
+    seed: Annotated[int, typer.Option(help="run and simulator seed", min=0)] = 0,
+    port: Annotated[int, typer.Option(help="first port of the fake replicas")] = 18600,
+) -> None:
+    """The fleet plan against fleets of fake replicas of known capacity behind the real
+    vllm-router: one replica swept and planned, then each fleet's true capacity measured from
+    the planned N outward (fleet-truth.md: policy | replicas | arm | true agents | planned
+    agents | error | SLO held at planned N)."""
+    import sys
+
+    from pydantic import ValidationError
+
+    from compaction_bench.plan.settings import PlanError
+    from compaction_bench.plan.truth import TRUTH_MD, TruthConfig, run_truth, truth_markdown
+
+    try:
+        config = TruthConfig(
+            out=out, replicas=_ints(replicas, "--replicas"), policies=_words(policies),
+            arms=_words(arms), slots=slots, prefill_ms_per_token=prefill_ms_per_token,
+            cache_discount=cache_discount, step_ms=step_ms, step_ms_per_seq=step_ms_per_seq,
+            levels=_ints(levels, "--levels"), min_continuations=min_continuations, slo=slo,
+            seed=seed, port=port)
+    except ValidationError as error:
+        first = error.errors()[0]
+        raise PlanError(f"fleet-truth --{str(first['loc'][0]).replace('_', '-')}: "
+                        f"{first['msg']}") from None
+    rows = run_truth(config, sys.stderr)
+    typer.echo(truth_markdown(config, rows))
+    typer.echo(f"truth: {config.out / TRUTH_MD}")

@@ -8,10 +8,11 @@ turns find their prefix cached on the replica they land on. This model simulates
 - **the engine**, fitted on the one-replica sweep's own request records (`fit_engine`): sequence
   slots (max_num_seqs); a prefill that costs a + b x uncached + c x cached prompt tokens, the
   engine doing nothing else meanwhile (least squares on the lowest level's time to first token,
-  where nothing queues); decode steps of s0 + s1 x B for B running sequences (least squares on
-  each level's median inter-token time against its mean running batch). It is vLLM's continuous
-  batching in its plainest form, as in plan.fleetsim, and exactly the fake engine's capacity
-  model (loadgen/fakeengine.py), which is how `make fleet-truth` checks it;
+  where nothing queues); decode steps of s0 + s1 x B for B running sequences (least squares, over
+  every request of every level, of its inter-token time, less the others' prefills that fell
+  inside its decode, against the mean number of sequences decoding beside it). It is vLLM's
+  continuous batching in its plainest form, as in plan.fleetsim, and exactly the fake engine's
+  capacity model (loadgen/fakeengine.py), which is how `make fleet-truth` checks it;
 - **the agents**: N closed-loop agents replaying the sweep's measured continuations (requests,
   token counts, the gaps between them), warm-up, measured share and drain as in the sweep
   (bench.run.fleet), each continuation one session with the sweep's own session id;
@@ -105,26 +106,33 @@ def fit_engine(requests: Sequence[Any], slots: int, block_tokens: int) -> Engine
                   for r in first])
     y = np.array([r.first_token_s - r.sent_s for r in first])
     a, b, c = _nonneg_lstsq(x, y)
-    rows = []
+    prefill = {id(r): a + b * (r.prompt_tokens - (r.cached_tokens or 0)) + c * (
+        r.cached_tokens or 0) for r in usable}
+    rows: list[tuple[float, float]] = []
     for level in sorted({r.labels["level"] for r in usable}):
-        own = [r for r in usable if r.labels["level"] == level
-               and (r.completion_tokens or 0) >= 2]
-        if not own:
-            continue
-        itl = float(np.median([(r.end_s - r.first_token_s) / (r.completion_tokens - 1)
-                               for r in own]))
-        span = max(r.end_s for r in own) - min(r.sent_s for r in own)
-        busy = sum(r.end_s - r.first_token_s for r in own)
-        rows.append((min(float(slots), max(1.0, busy / span if span > 0 else 1.0)), itl))
-    if len(rows) >= 2 and len({round(bt, 3) for bt, _ in rows}) >= 2:
+        cell = [r for r in usable if r.labels["level"] == level]
+        for r in cell:
+            k = r.completion_tokens or 0
+            span = r.end_s - r.first_token_s
+            if k < 2 or span <= 0:
+                continue
+            # the others' prefills inside its decode stopped it (the engine does one thing at a
+            # time), and the others decoding beside it made its batch
+            stalled = sum(prefill[id(o)] for o in cell
+                          if o is not r and r.first_token_s < o.first_token_s < r.end_s)
+            beside = sum(max(0.0, min(o.end_s, r.end_s) - max(o.first_token_s, r.first_token_s))
+                         for o in cell if o is not r) / span
+            rows.append((min(float(slots), 1.0 + beside), max(0.0, span - stalled) / (k - 1)))
+    batches = {round(bt, 2) for bt, _ in rows}
+    if len(batches) >= 2:
         s0, s1 = _nonneg_lstsq(np.array([[1.0, bt] for bt, _ in rows]),
                                np.array([itl for _, itl in rows]))
     else:
-        s0, s1 = (rows[0][1], 0.0) if rows else (1e-3, 0.0)
+        s0, s1 = (float(np.median([itl for _, itl in rows])), 0.0) if rows else (1e-3, 0.0)
     return EngineFit(slots=max(1, slots), prefill_base_s=float(a), prefill_s_per_token=float(b),
                      cached_s_per_token=float(c), step_base_s=float(s0), step_s_per_seq=float(s1),
                      block_tokens=max(1, block_tokens), n_prefill=len(first),
-                     n_levels=len(rows))
+                     n_levels=len({r.labels["level"] for r in usable}))
 
 
 class _Request:
@@ -169,7 +177,7 @@ class SimEngine:
             if not self.waiting and not self.running:
                 self.wake = self.env.event()
                 yield self.wake
-            admitted = []
+            admitted: list[_Request] = []
             while self.waiting and len(self.running) + len(admitted) < fit.slots:
                 admitted.append(self.waiting.popleft())
             if admitted:
@@ -514,14 +522,14 @@ def _gpus(predictor: _Predictor, rows: list[FleetRow], arm: str, cap: Any, confi
         own = [r for r in rows if r.arm == arm and r.policy == policy and r.agents]
         if not own:
             continue
-        per_replica = max(r.agents / r.replicas for r in own if r.agents)  # type: ignore[operator]
+        per_replica = max((r.agents or 0) / r.replicas for r in own)
         replicas = max(1, math.ceil(fleet / per_replica))
         if fleet / replicas > cap.reach:
             continue
 
         def ok(r: int, policy: str = policy) -> bool:
-            return fleet / r <= cap.reach and predictor.predicted(
-                policy, r, fleet) <= cap.slo_s
+            return bool(fleet / r <= cap.reach and predictor.predicted(
+                policy, r, fleet) <= cap.slo_s)
 
         steps = 0
         while not ok(replicas) and steps < 6:

@@ -18,6 +18,7 @@ import numpy as np
 from compaction_bench.plan.breakeven import BreakEven
 from compaction_bench.plan.capacity import ArmCapacity, FleetNeed
 from compaction_bench.plan.economics import TaskFigures
+from compaction_bench.plan.fleettables import fleet_json
 from compaction_bench.plan.planner import Plan
 from compaction_bench.plan.settings import PlanConfig
 
@@ -176,6 +177,7 @@ def plan_json(plan: Plan, plots: Sequence[Path]) -> dict[str, Any]:
                            "transferred": [dataclasses.asdict(lv)
                                            for lv in sim.transferred.get(arm, [])]}
                      for arm, levels in sim.levels.items()}},
+        "fleet": fleet_json(plan.fleet),
         "plots": [str(p.relative_to(obs.path)) if p.is_relative_to(obs.path) else str(p)
                   for p in plots],
         "issues": obs.issues,

@@ -10,6 +10,7 @@ from typing import Any
 from compaction_bench.common.markdown import table
 from compaction_bench.common.resampling import quantile as hd_quantile
 from compaction_bench.plan.breakeven import BreakEven
+from compaction_bench.plan.fleettables import fleet_markdown
 from compaction_bench.plan.planner import Plan
 
 
@@ -400,7 +401,9 @@ def _simulation(plan: Plan) -> list[str]:
 
 def plan_markdown(plan: Plan, document: dict[str, Any], plots: Sequence[Path]) -> str:
     """The whole plan.md."""
-    lines = _scope(plan) + _capacity(plan, document) + _levels(plan) + _regimes(plan)
+    lines = _scope(plan) + _capacity(plan, document)
+    lines += fleet_markdown(plan.fleet, plan.config.agents, plan.config.target.quantile)
+    lines += _levels(plan) + _regimes(plan)
     lines += _breakeven(plan) + _simulation(plan)
     lines += ["## What these records cannot tell", ""]
     lines += [f"- {line}" for line in plan.cannot] or ["- nothing left out"]

@@ -33,6 +33,7 @@ from compaction_bench.serve.router import (
     DEFAULT_POLICY,
     ROUTER_POLICIES,
     RouterConfig,
+    policy_refusal,
     router_command,
 )
 from compaction_bench.serve.selfcheck import (
@@ -115,8 +116,7 @@ def serve(
 ) -> None:
     """Serve a profile: the target and compressor names from one engine, self-checked."""
     if router_policy not in ROUTER_POLICIES:
-        raise typer.BadParameter(f"unknown router policy '{router_policy}'; use one of "
-                                 f"{', '.join(ROUTER_POLICIES)}", param_hint="ROUTER_POLICY")
+        raise typer.BadParameter(policy_refusal(router_policy), param_hint="ROUTER_POLICY")
     share = HostShare(cpus=replica_cpus, cpu_quota=replica_cpu_quota)
     if dry_run:
         typer.echo(show(profile, port=port, host=host, model=model, speculative=speculative,

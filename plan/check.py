@@ -7,10 +7,14 @@ router in front of R replicas (its manifest names them: `router.replicas`, confi
 config `router_policy`, one per run folder `<run-id>-<policy>`), at the planned fleet for R
 replicas (`SWEEP_LEVELS=<R x agents per replica>`). Per check run, arm and level N:
 
-- predicted: the one-replica curve of the plan (the same SLO quantile of the same time, plan.
-  settings `slo_time`) at N / R agents per replica, i.e. the plan's own assumption that a
-  router spreads the fleet evenly and each replica behaves as the one measured; none past
-  the plan's extrapolation reach;
+- predicted: the fleet model's SLO quantile (plan.fleetmodel: R simulated replicas behind the
+  check run's policy, the consistent hash over the check run's own replica URLs, a prefix cache
+  per replica, anchored on the one-replica curve), of the same time (plan.settings `slo_time`);
+  where the model cannot run (no request records, a policy it does not know) the even split
+  stands in, and the row says so; none past the plan's extrapolation reach;
+- even split: the one-replica curve at N / R agents per replica, the old assumption that a
+  router spreads the fleet evenly and each replica behaves as the one measured (issue 29: it
+  read 31-75% under the measured p90 on two CPU replicas), with its own error beside;
 - measured: the quantile of the check level's continuations (failures ranked as misses, as in
   the plan; a level whose failures alone exceed 1 - q misses), with a smoothed bootstrap
   interval (plan.capacity);
@@ -51,7 +55,7 @@ from compaction_bench.plan.settings import PlanConfig, PlanError
 CHECK_JSON = "plan_check.json"
 CHECK_MD = "plan_check.md"
 CHECK_SCHEMA = "compbench.plan_check"
-CHECK_SCHEMA_VERSION = 1
+CHECK_SCHEMA_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -71,7 +75,7 @@ class CheckRow:
     level: int
     per_replica: float
     planned: bool  # the level is the plan's fleet for these replicas (R x agents per replica)
-    predicted_s: float | None  # None: past the plan's extrapolation reach
+    predicted_s: float | None  # the fleet model's (plan.fleetmodel); None: past the reach
     extrapolated: bool
     measured_s: float | None  # None: the level missed the SLO by failures alone
     measured_ci: tuple[float, float] | None
@@ -80,6 +84,9 @@ class CheckRow:
     slo_s: float
     held: bool
     error_pct: float | None
+    even_split_s: float | None = None  # the one-replica curve at N / R (the old prediction)
+    even_split_error_pct: float | None = None
+    model: str = "fleet model"  # what predicted_s is: "fleet model" or "even split"
 
 
 def fleet_of(obs: Observations, replicas: int | None = None) -> Fleet:
@@ -104,12 +111,16 @@ def _rows(plan: Plan, check: Observations, fleet: Fleet, rng: np.random.Generato
     q, basis = config.target.quantile, config.slo_time
     assert fleet.replicas is not None
     rows = []
+    model = _fleet_model(plan, check, fleet)
     for arm, cap in plan.capacity.items():
         curve = MonotoneCurve([lv.level for lv in cap.levels], cap.quantiles,
                               [lv.n for lv in cap.levels])
+        predictor = model.get(arm)
         for lv in _levels(check.of(arm, SWEEP)):
             per = lv.level / fleet.replicas
-            predicted = None if per > cap.reach else curve(per)
+            even = None if per > cap.reach else curve(per)
+            predicted = even if predictor is None or even is None else (
+                predictor.predicted(fleet.policy, fleet.replicas, lv.level))
             measured: float | None = None
             ci = None
             if lv.n and not lv.missed(q):
@@ -118,6 +129,8 @@ def _rows(plan: Plan, check: Observations, fleet: Fleet, rng: np.random.Generato
                               config.confidence)
             error = (None if predicted is None or not measured else
                      (predicted - measured) / measured * 100)
+            even_error = (None if even is None or not measured else
+                          (even - measured) / measured * 100)
             rows.append(CheckRow(
                 run_id=check.run_id, policy=fleet.policy, replicas=fleet.replicas, arm=arm,
                 level=lv.level, per_replica=per,
@@ -125,8 +138,32 @@ def _rows(plan: Plan, check: Observations, fleet: Fleet, rng: np.random.Generato
                 predicted_s=predicted, extrapolated=curve.extrapolated(per),
                 measured_s=measured, measured_ci=ci, n=lv.n_all, failed=lv.failed,
                 slo_s=cap.slo_s, held=measured is not None and measured <= cap.slo_s,
-                error_pct=error))
+                error_pct=error, even_split_s=even, even_split_error_pct=even_error,
+                model="even split" if predictor is None else "fleet model"))
     return rows
+
+
+def _fleet_model(plan: Plan, check: Observations, fleet: Fleet) -> dict[str, Any]:
+    """Per arm, the fleet model's predictor (plan.fleetmodel) with the check run's own replica
+    URLs (the consistent hash's ring); {} where the policy is not one the model knows or the
+    plan run has no request records to fit the engine on."""
+    from compaction_bench.plan.fleetmodel import POLICIES, arm_predictor, engine_fit
+
+    if fleet.policy not in POLICIES:
+        return {}
+    router = check.manifest.get("router")
+    urls = [str(u) for u in (router.get("replicas") or [])] if isinstance(router, dict) else []
+    try:
+        fit = engine_fit(plan.observations)
+    except PlanError:
+        return {}
+    out = {}
+    for arm, cap in plan.capacity.items():
+        found = arm_predictor(plan.observations, fit, arm, cap, plan.config,
+                              urls if len(urls) == fleet.replicas else None)
+        if found is not None:
+            out[arm] = found
+    return out
 
 
 SHARE_NOTE = "Warning: host share not recorded"
@@ -206,23 +243,29 @@ def check_document(plan: Plan, rows: list[CheckRow]) -> dict[str, Any]:
 def check_markdown(plan: Plan, rows: list[CheckRow]) -> str:
     q = f"p{100 * plan.config.target.quantile:g}"
     lines = [f"# The plan of {plan.observations.run_id} checked behind a router", "",
-             f"Predicted: the one-replica curve's {q} of {plan.config.slo_time} time at N / R "
-             f"agents per replica; measured: the check level's {q} (failures as misses) with "
-             f"its {100 * plan.config.confidence:g}% bootstrap interval; SLO "
+             f"Predicted: the fleet model's {q} of {plan.config.slo_time} time at N agents on "
+             "R replicas behind the run's policy (plan/fleetmodel.py; `even split` where it "
+             f"cannot run); even split: the one-replica curve's {q} at N / R, the old "
+             f"assumption; measured: the check level's {q} (failures as misses) with its "
+             f"{100 * plan.config.confidence:g}% bootstrap interval; SLO "
              f"{plan.config.target.label}; error = (predicted - measured) / measured "
              "(plan/check.py).", ""]
     lines += [f"{note}\n" for note in plan.notes if note.startswith(SHARE_NOTE)]
     cells = [[r.policy, str(r.replicas), r.arm, f"{r.level}{' (planned)' if r.planned else ''}",
               f"{_fmt(r.predicted_s)}{' (extrapolated)' if r.extrapolated else ''}"
+              f"{' (even split)' if r.model != 'fleet model' else ''}"
               if r.predicted_s is not None else "beyond measured range",
               "missed (failures)" if r.measured_s is None else
               f"{_fmt(r.measured_s)} [{_fmt(r.measured_ci[0] if r.measured_ci else None)}, "
               f"{_fmt(r.measured_ci[1] if r.measured_ci else None)}]",
               _fmt(r.slo_s), "yes" if r.held else "**no**",
               "-" if r.error_pct is None else f"{r.error_pct:+.1f}%",
+              "-" if r.even_split_s is None else (
+                  f"{_fmt(r.even_split_s)} ({r.even_split_error_pct:+.1f}%)"
+                  if r.even_split_error_pct is not None else _fmt(r.even_split_s)),
               f"{r.n} ({r.failed} failed)", r.run_id] for r in rows]
     lines += table(["policy", "replicas", "arm", "N", f"predicted {q} s", f"measured {q} s",
-                    "SLO s", "held", "error", "n", "run"], cells)
+                    "SLO s", "held", "error", f"even split {q} s (error)", "n", "run"], cells)
     return "\n".join(lines) + "\n"
 
 

@@ -455,35 +455,25 @@ def plan_fleet(obs: Any, capacity: dict[str, Any], config: Any) -> FleetPlan | N
     """The fleet rows of a one-replica sweep's plan (module docstring): per arm, per policy in
     `config.fleet_policies` and R in `config.fleet_replicas`; None where the plan has no sweep
     or no fleet was asked for."""
-    from compaction_bench.plan.economics import EXTERNAL
-    from compaction_bench.plan.fleetsim import traces
-
     if not capacity or not config.fleet_replicas or not config.fleet_policies:
         return None
-    sweep_requests = [r for r in obs.records.requests if r.regime == "sweep"]
-    slots = obs.engine.max_num_seqs
     notes = []
-    if slots is None:
-        slots = 1
+    if obs.engine.max_num_seqs is None:
         notes.append("the run records no max_num_seqs: the fleet model's engine has 1 slot")
     try:
-        fit = fit_engine(sweep_requests, slots, _block_tokens(obs.manifest))
+        fit = engine_fit(obs)
     except PlanError as error:
-        return FleetPlan(EngineFit(slots, 0, 0, 0, 0, 0, 16, 0, 0), [], {}, None,
+        return FleetPlan(EngineFit(1, 0, 0, 0, 0, 0, 16, 0, 0), [], {}, None,
                          notes=[str(error)])
     urls = tuple(config.replica_urls) if config.replica_urls else None
     rows: list[FleetRow] = []
     errors: dict[str, list[dict[str, float]]] = {}
     for arm, cap in capacity.items():
-        pool = traces(obs, arm, cap.levels[0].level, same_server_compressor=arm != EXTERNAL)
-        if not pool:
+        predictor = arm_predictor(obs, fit, arm, cap, config, urls)
+        if predictor is None:
             notes.append(f"{arm}: no measured continuation with request records to simulate")
             continue
         levels = [lv.level for lv in cap.levels]
-        predictor = _Predictor(fit, pool, arm, config.target.quantile, levels,
-                               list(cap.quantiles), list(cap.quantile_ci),
-                               [lv.n for lv in cap.levels], urls=urls, seed=config.seed,
-                               wall=config.slo_time == "wall", samples=SAMPLES)
         errors[arm] = [{"level": float(n), "measured_s": float(m),
                         "simulated_s": predictor.sim_q("round_robin", 1, n),
                         "ape_pct": abs(predictor.sim_q("round_robin", 1, n) - m) / m * 100}
@@ -511,6 +501,27 @@ def plan_fleet(obs: Any, capacity: dict[str, Any], config: Any) -> FleetPlan | N
                 rows.append(row)
         _gpus(predictor, rows, arm, cap, config)
     return FleetPlan(fit, rows, errors, urls, notes)
+
+
+def engine_fit(obs: Any) -> EngineFit:
+    """The engine fitted on a one-replica sweep (raises PlanError naming what is missing)."""
+    return fit_engine([r for r in obs.records.requests if r.regime == "sweep"],
+                      obs.engine.max_num_seqs or 1, _block_tokens(obs.manifest))
+
+
+def arm_predictor(obs: Any, fit: EngineFit, arm: str, cap: Any, config: Any,
+                  urls: Sequence[str] | None) -> _Predictor | None:
+    """The fleet predictor of one arm of a one-replica plan (None: no trace to replay)."""
+    from compaction_bench.plan.economics import EXTERNAL
+    from compaction_bench.plan.fleetsim import traces
+
+    pool = traces(obs, arm, cap.levels[0].level, same_server_compressor=arm != EXTERNAL)
+    if not pool:
+        return None
+    return _Predictor(fit, pool, arm, config.target.quantile, [lv.level for lv in cap.levels],
+                      list(cap.quantiles), list(cap.quantile_ci), [lv.n for lv in cap.levels],
+                      urls=urls, seed=config.seed, wall=config.slo_time == "wall",
+                      samples=SAMPLES)
 
 
 def _gpus(predictor: _Predictor, rows: list[FleetRow], arm: str, cap: Any, config: Any) -> None:

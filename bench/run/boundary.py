@@ -85,7 +85,9 @@ def measure(times_s: Sequence[float], failed: int, q: float, confidence: float) 
     if n == 0 or failed > (1.0 - q) * n_all + 1e-9:
         point = math.inf
     else:
-        rank = min(n / (n + 1), q * n_all / max(n_all - failed, 1))
+        # exact up to 1, as the plan's (plan.capacity Level.rank): the n / (n + 1) clamp read
+        # p87.9 for p90 where the failed share neared 1 - q, so search and plan disagreed
+        rank = min(1.0, q * n_all / max(n_all - failed, 1))
         point = float(hd_quantile(done, rank))
     everything = np.concatenate([done, np.full(failed, math.inf)])
     lo_rank, hi_rank = order_ranks(n_all, q, confidence)

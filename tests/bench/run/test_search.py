@@ -226,3 +226,18 @@ def test_a_resumed_search_finds_its_finished_cells_and_runs_a_cut_one_as_its_nex
     assert set(found.lines) == {("clean", 1, False), ("clean", 1, True)}
     assert found.passes == {("clean", 1): 2, ("clean", 2): 1}
     assert len(found.records[("clean", 1, 2)]) == 1 and found.decided == {("clean", 1, 1)}
+
+
+def test_the_search_ranks_a_level_with_failures_exactly_as_the_plan_does() -> None:
+    from compaction_bench.bench.run.boundary import measure as boundary_measure
+    from compaction_bench.common.resampling import quantile as hd_quantile
+    from compaction_bench.plan.capacity import Level
+
+    times = np.linspace(10.0, 20.0, 37)
+    level = Level(level=5, postfork_s=times, cycle_s=times, failed=4, duty=None,
+                  resident_tokens=[])
+    # 4 of 41 failed: the p90 of all is the complete ones' q 41 / 37 = 0.997 quantile (the old
+    # clamp n / (n + 1) = 0.974 read it lower than the plan did)
+    expected = float(hd_quantile(times, level.rank(0.9)))
+    assert boundary_measure(times, 4, 0.9, 0.95).point_s == pytest.approx(expected)
+    assert level.rank(0.9) == pytest.approx(0.9 * 41 / 37)

@@ -1,0 +1,80 @@
+"""`make fleet-truth` (plan/truth.py): the fleet plan against fake replicas of known capacity
+behind the real vllm-router, and its settings refused in one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from compaction_bench.plan.truth import TruthConfig, TruthRow, profile_text, within
+
+
+def test_bad_settings_are_refused_in_one_line(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="replicas \\[0\\]: each from 1 to 16"):
+        TruthConfig(out=tmp_path, replicas=(0,))
+    with pytest.raises(ValueError, match="kv-event-source"):
+        TruthConfig(out=tmp_path, policies=("kv_aware",))
+    with pytest.raises(ValueError, match="less than or equal to 1"):
+        TruthConfig(out=tmp_path, cache_discount=1.5)
+    with pytest.raises(ValueError, match="at least two fleet sizes"):
+        TruthConfig(out=tmp_path, levels=(4,))
+
+
+def test_the_profile_carries_the_engine_settings(tmp_path: Path) -> None:
+    text = profile_text(TruthConfig(out=tmp_path, slots=3, prefill_ms_per_token=0.5,
+                                    cache_discount=0.8, step_ms=3, step_ms_per_seq=0.5))
+    assert "max_num_seqs = 3" in text
+    assert '"--max-running", "3", "--prefill-ms-per-token", "0.5", "--cache-discount", "0.8"' in (
+        text)
+
+
+def _row(true: int | None, planned: int | None) -> TruthRow:
+    return TruthRow("round_robin", 2, "clean", true, planned, None, None, None, None, 1.0, {})
+
+
+def test_the_bar_is_five_percent_or_exact_for_small_fleets() -> None:
+    assert within(_row(4, 4)) and not within(_row(4, 5)) and not within(_row(4, 3))
+    assert within(_row(40, 42)) and not within(_row(40, 43))
+    assert not within(_row(None, 4)) and not within(_row(4, None))
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(420)
+def test_fleet_truth_finds_the_true_capacity_and_the_plan_beside_it(tmp_path: Path) -> None:
+    out = tmp_path / "truth"
+    done = subprocess.run(
+        [sys.executable, "-m", "compaction_bench", "fleet-truth", "--out", str(out),
+         "--replicas", "2", "--policies", "consistent_hash", "--arms", "clean",
+         "--levels", "1,2,4", "--min-continuations", "8", "--port", "18700"],
+        capture_output=True, text=True, timeout=400, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "| consistent_hash | 2 | clean |" in done.stdout
+    rows = json.loads((out / "fleet-truth.json").read_text())["rows"]
+    assert len(rows) == 1
+    row = rows[0]
+    measured = {int(n): v for n, v in row["measured"].items()}
+    true = row["true_agents"]
+    # the truth is the boundary the measurements show: held at it, missed one above
+    assert true is not None and true >= 1
+    assert measured[true] is not None and measured[true] <= row["slo_s"]
+    assert measured[true + 1] is None or measured[true + 1] > row["slo_s"]
+    assert row["planned_agents"] is not None and abs(row["planned_agents"] - true) <= 1
+    assert (out / "runs" / "one-replica" / "sweep.jsonl").is_file()
+    manifest = json.loads((out / "runs" / f"R2-consistent_hash-clean-N{true}" /
+                           "manifest.json").read_text())
+    assert manifest["config"]["base_url"].startswith("http://127.0.0.1:")
+
+
+@pytest.mark.e2e
+def test_fleet_truth_refuses_a_bad_setting_in_one_line_from_the_command(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "compaction_bench", "fleet-truth", "--out", str(tmp_path),
+         "--cache-discount", "1.5"], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode != 0
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "--cache-discount" in lines[0], done.stderr
+    assert not (tmp_path / "runs").exists()

@@ -42,7 +42,7 @@ help:
 	@echo "make serve REPLICAS=n [ROUTER_POLICY=consistent_hash|round_robin|cache_aware|...]"
 	@echo "                          n replicas on PORT+2.. behind vLLM's router on PORT"
 	@echo "make serve [REPLICAS=n] REPLICA_CPUS=c [REPLICA_CPU_QUOTA=q]   each replica, one alone"
-	@echo "                          too, on its own c CPUs [and a cgroup v2 cpu.max of q CPUs]"
+	@echo "                          too, on its own c CPUs [and a cgroup CPU quota of q CPUs]"
 	@echo "make stop [PORT=...]      stop background servers;  make profiles: list profiles"
 	@echo "make histories [TASK=...] [ARMS=...] [BASE_URL=...]   acquire histories, write arm files"
 	@echo "make import FILE=... [FORK=n] [OUT=...]   import your own agent's log as a history;"

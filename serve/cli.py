@@ -110,7 +110,7 @@ def serve(
         "included, the rest left to the client and router (recorded in the run manifest); "
         "default: one server unpinned, REPLICAS>1 split the CPUs", min=1)] = None,
     replica_cpu_quota: Annotated[float | None, typer.Option(
-        help="REPLICA_CPU_QUOTA: each replica's cgroup v2 cpu.max quota in CPUs (0.9 = 90% of "
+        help="REPLICA_CPU_QUOTA: each replica's cgroup CPU quota in CPUs (0.9 = 90% of "
         "one CPU), in a cgroup of its own removed when it stops; default: none", min=0.01)
     ] = None,
 ) -> None:
@@ -259,7 +259,7 @@ def show_replicas(profile: str, replicas: int, policy: str, *, port: int = 8000,
         pin = (f"taskset -c {cpu_list(c.cpus)}, VLLM_CPU_OMP_THREADS_BIND={cpu_list(c.cpus)}"
                if c.cpus else f"CUDA_VISIBLE_DEVICES={','.join(map(str, c.gpu_ids))}"
                if c.gpu_ids else "not pinned")
-        quota = (f", cgroup v2 cpu.max {cpu_max(c.cpu_quota)} ({c.cpu_quota:g} CPU)"
+        quota = (f", cgroup cpu quota {cpu_max(c.cpu_quota)} ({c.cpu_quota:g} CPU)"
                  if c.cpu_quota is not None else "")
         lines.append(f"#   --port {c.port}: {pin}{quota}")
     router = RouterConfig(worker_urls=tuple(c.server_url for c in configs), policy=policy,

@@ -52,8 +52,9 @@ class ServerConfig:
     cpus: tuple[int, ...] = ()
     # The GPUs this server may use (a replica on a GPU machine): CUDA_VISIBLE_DEVICES.
     gpu_ids: tuple[int, ...] = ()
-    # A cgroup v2 cpu.max quota in CPUs (REPLICA_CPU_QUOTA; serve.share): the server runs in a
-    # cgroup of its own, made before it starts and removed when it stops. None: no quota.
+    # A CPU quota in CPUs (REPLICA_CPU_QUOTA; serve.share), cgroup v2's cpu.max or cgroup v1's
+    # cpu.cfs_quota_us: the server runs in a cgroup of its own, made before it starts and
+    # removed when it stops. None: no quota.
     cpu_quota: float | None = None
 
     @property

@@ -122,7 +122,7 @@ class Server:
         self.ready_s: float | None = None  # seconds from spawn to /health 200
         self._log: IO[bytes] | None = None
         self._pump: threading.Thread | None = None
-        self.cgroup: Path | None = None  # its cpu.max cgroup (REPLICA_CPU_QUOTA), while it runs
+        self.cgroup: Path | None = None  # its quota's cgroup (REPLICA_CPU_QUOTA), while it runs
 
     @property
     def server_url(self) -> str:
@@ -170,7 +170,7 @@ class Server:
             "pid": self.process.pid, "pgid": self.process.pid, "host": self.config.host,
             "port": self.config.port, "profile": self.config.profile.name,
             "log": str(self.log_path), "started": time.time(),
-            "host_share": host_share(self.config.cpus, self.config.cpu_quota),
+            "host_share": host_share(self.config.cpus, self.config.cpu_quota, self.cgroup),
             "cgroup": str(self.cgroup) if self.cgroup else None})
 
     def _copy_output(self) -> None:

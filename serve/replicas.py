@@ -128,7 +128,7 @@ class Fleet:
         manifests record them."""
         return [{"url": s.server_url, "cpus": list(s.config.cpus),
                  "gpus": list(s.config.gpu_ids),
-                 "host_share": host_share(s.config.cpus, s.config.cpu_quota)}
+                 "host_share": host_share(s.config.cpus, s.config.cpu_quota, s.cgroup)}
                 for s in self.servers]
 
     def start(self) -> None:

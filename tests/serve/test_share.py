@@ -20,12 +20,16 @@ from compaction_bench.serve.share import (
     NO_SHARE,
     HostShare,
     ShareError,
+    cgroup_base,
+    cgroup_label,
     cgroup_mount,
     cgroup_prefix,
+    cgroup_v1_cpu_mount,
     check_cgroup,
     cpu_max,
     describe_share,
     host_share,
+    make_cgroup,
     recorded_shares,
     share_cpus,
     share_key,
@@ -81,7 +85,7 @@ def test_the_command_enters_its_cgroup_before_it_execs() -> None:
     config = ServerConfig(profile=load_profile("fake-faults"), port=18601, cpus=(1,),
                           cpu_quota=0.5)
     command = build_command(config, "fake")
-    cgroup = str(cgroup_mount() or Path("/sys/fs/cgroup")) + "/compaction-bench/18601"
+    cgroup = str(cgroup_base() or Path("/sys/fs/cgroup")) + "/compaction-bench/18601"
     assert command[:4] == cgroup_prefix(Path(cgroup)) and command[4:7] == ["taskset", "-c", "1"]
     assert "cgroup.procs" in command[2] and command[2].endswith('exec "$@"')
     plain = build_command(ServerConfig(profile=load_profile("fake-faults"), port=18601), "fake")
@@ -89,32 +93,69 @@ def test_the_command_enters_its_cgroup_before_it_execs() -> None:
     assert cpu_max(0.9) == "90000 100000" and cpu_max(2) == "200000 100000"
 
 
-def test_cgroup_v2_without_its_cpu_controller_is_refused_in_one_line(tmp_path: Path) -> None:
-    with pytest.raises(EngineUnavailableError, match=r"needs cgroup v2, and none is mounted.*"
-                       r"REPLICA_CPUS=n"):
-        check_cgroup(None)
-    (tmp_path / "cgroup.controllers").write_text("hugetlb\n")
-    with pytest.raises(EngineUnavailableError, match=r"cpu controller, and .* offers only "
-                       r"hugetlb \(cpu is bound to cgroup v1 here\): drop REPLICA_CPU_QUOTA"):
-        check_cgroup(tmp_path)
-    # a cgroup v2 with cpu: the suite's folder is made and cpu enabled for its children
-    (tmp_path / "cgroup.controllers").write_text("cpuset cpu io memory\n")
-    (tmp_path / "cgroup.subtree_control").write_text("memory\n")
-    (tmp_path / "compaction-bench").mkdir()
-    (tmp_path / "compaction-bench" / "cgroup.subtree_control").write_text("")
-    assert check_cgroup(tmp_path) == tmp_path / "compaction-bench"
-    assert (tmp_path / "cgroup.subtree_control").read_text() == "+cpu"
-    assert (tmp_path / "compaction-bench" / "cgroup.subtree_control").read_text() == "+cpu"
+def _mounts(tmp_path: Path, *lines: str) -> Path:
     mounts = tmp_path / "mounts"
-    mounts.write_text("cgroup /sys/fs/cgroup/cpu cgroup rw 0 0\n"
-                      "cgroup2 /sys/fs/cgroup/unified cgroup2 rw 0 0\n")
-    assert cgroup_mount(mounts) == Path("/sys/fs/cgroup/unified")
+    mounts.write_text("".join(f"{line}\n" for line in lines))
+    return mounts
+
+
+def test_a_quota_with_no_cpu_controller_at_all_is_refused_in_one_line(tmp_path: Path) -> None:
+    with pytest.raises(EngineUnavailableError, match=r"needs a cgroup cpu controller, and none "
+                       r"is mounted.*REPLICA_CPUS=n"):
+        check_cgroup(_mounts(tmp_path))
+    v2 = tmp_path / "unified"
+    v2.mkdir()
+    (v2 / "cgroup.controllers").write_text("hugetlb\n")
+    mounts = _mounts(tmp_path, f"cgroup2 {v2} cgroup2 rw 0 0",
+                     f"cgroup {tmp_path}/memory cgroup rw,relatime,memory 0 0")
+    with pytest.raises(EngineUnavailableError, match=r"cgroup v2 at .* offers only hugetlb and "
+                       r"no cgroup v1 cpu hierarchy is mounted: drop REPLICA_CPU_QUOTA") as no:
+        check_cgroup(mounts)
+    assert "\n" not in str(no.value) and not (v2 / "compaction-bench").exists()
+
+
+def test_cgroup_v2_with_its_cpu_controller_is_used_first(tmp_path: Path) -> None:
+    v2, v1 = tmp_path / "unified", tmp_path / "cpu"
+    v2.mkdir()
+    (v2 / "cgroup.controllers").write_text("cpuset cpu io memory\n")
+    (v2 / "cgroup.subtree_control").write_text("memory\n")
+    (v2 / "compaction-bench").mkdir()
+    (v2 / "compaction-bench" / "cgroup.subtree_control").write_text("")
+    mounts = _mounts(tmp_path, f"cgroup {v1} cgroup rw,relatime,cpu 0 0",
+                     f"cgroup2 {v2} cgroup2 rw 0 0")
+    assert cgroup_mount(mounts) == v2 and cgroup_base(mounts) == v2
+    assert check_cgroup(mounts) == v2 / "compaction-bench"
+    # the suite's folder is made and cpu enabled for its children
+    assert (v2 / "cgroup.subtree_control").read_text() == "+cpu"
+    assert (v2 / "compaction-bench" / "cgroup.subtree_control").read_text() == "+cpu"
+
+
+def test_cgroup_v1s_cpu_hierarchy_where_cgroup_v2_has_no_cpu_controller(tmp_path: Path) -> None:
+    """This project's machines: cgroup v2 mounted beside v1 (hybrid) without cpu, which v1 has;
+    the quota goes to cpu.cfs_period_us and cpu.cfs_quota_us (plain files here: the kernel's
+    side is in tests/serve/test_share_e2e.py)."""
+    v2, v1 = tmp_path / "unified", tmp_path / "cpu,cpuacct"
+    v2.mkdir()
+    v1.mkdir()
+    (v2 / "cgroup.controllers").write_text("\n")
+    mounts = _mounts(tmp_path, f"cgroup {tmp_path}/cpuset cgroup rw,relatime,cpuset 0 0",
+                     f"cgroup {v1} cgroup rw,nosuid,relatime,cpu,cpuacct 0 0",
+                     f"cgroup2 {v2} cgroup2 rw 0 0")
+    assert cgroup_v1_cpu_mount(mounts) == v1 and cgroup_base(mounts) == v1
+    path = make_cgroup(18605, 0.5, mounts)
+    assert path == v1 / "compaction-bench" / "18605"
+    assert (path / "cpu.cfs_period_us").read_text() == "100000"
+    assert (path / "cpu.cfs_quota_us").read_text() == "50000"
+    assert not (path / "cpu.max").exists() and not (v2 / "compaction-bench").exists()
+    assert cgroup_label(path) == f"v1:{path}" and cgroup_label(None) is None
+    (path / "cgroup.controllers").write_text("cpu\n")  # what every cgroup v2 folder has
+    assert cgroup_label(path) == f"v2:{path}"
 
 
 def test_a_share_is_recorded_compared_by_size_and_quota_and_described() -> None:
     pinned = host_share((1,), 0.9)
     assert pinned == {"cpus": [1], "pinned": True, "cpu_quota": 0.9,
-                      "host_cpus": os.cpu_count()}
+                      "host_cpus": os.cpu_count(), "cgroup": None}
     free = host_share((), None)
     assert free["cpus"] == sorted(os.sched_getaffinity(0)) and free["pinned"] is False
     assert share_key(pinned) == share_key(host_share((0,), 0.9)) == (1, 0.9)

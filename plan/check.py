@@ -9,7 +9,7 @@ replicas (`SWEEP_LEVELS=<R x agents per replica>`). Per check run, arm and level
 
 - predicted: the fleet model's SLO quantile (plan.fleetmodel: R simulated replicas behind the
   check run's policy, the consistent hash over the check run's own replica URLs, a prefix cache
-  per replica, anchored on the one-replica curve), of the same time (plan.settings `slo_time`);
+  per replica), of the same time (plan.settings `slo_time`);
   where the model cannot run (no request records, a policy it does not know) the even split
   stands in, and the row says so; none past the plan's extrapolation reach;
 - even split: the one-replica curve at N / R agents per replica, the old assumption that a

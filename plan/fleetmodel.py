@@ -24,14 +24,17 @@ turns find their prefix cached on the replica they land on. This model simulates
   on that replica (block-rounded; at most what was measured at one replica); a turn sent
   elsewhere prefills its history again, priced by the fitted prefill cost.
 
-The prediction is anchored on the measurement: the fleet's SLO quantile at N agents is the
-measured one-replica curve at N / R, times the simulated fleet's quantile over the simulated one
-replica's at N / R. Where the simulator is right the ratio carries only what the fleet adds
-(split, cache, queueing at the hottest replica); where its engine is off by a factor, the factor
-cancels. Its own error is stated: the simulated one replica against every measured level.
-Capacity is the largest N whose predicted quantile meets the SLO; its band uses the measured
-curve's pointwise interval in place of the curve. The simulator uses common random numbers
-(one seed) across N, so the predicted curve is smooth in N.
+The prediction is the simulated fleet's SLO quantile. Its own error is stated: the simulated
+one replica against every measured level; the band of a capacity is the same search with the
+simulated quantiles times (1 + e) and (1 - e), e that median error. Capacity is the largest N
+whose predicted quantile meets the SLO. The simulator uses common random numbers (one seed)
+across N, so the predicted curve is smooth in N.
+
+Anchoring was tried and set aside (`anchored`): the measured one-replica curve at N / R times
+the simulated fleet over the simulated one replica. On `make fleet-truth` (fake engine, R = 2
+and 4, three policies, 2026-12-06) it carried the one-replica curve's sampling noise (a p90 of
+16 continuations) into every fleet and overstated capacity in 4 of 6 fleets (by 1 to 3
+agents); the simulated fleet alone overstated 1 of 6.
 """
 
 from __future__ import annotations
@@ -412,9 +415,36 @@ class _Predictor:
             return q_low
         return q_low + (n - low) * (self.sim_q("round_robin", 1, high) - q_low)
 
+    @property
+    def one_replica_error(self) -> list[dict[str, float]]:
+        """The simulated one replica against every measured level (the model's own error)."""
+        out = []
+        for n, measured in zip(self.curves["point"].levels, self.curves["point"].measured,
+                               strict=True):
+            if measured > 0:
+                simulated = self.sim_q("round_robin", 1, int(n))
+                out.append({"level": float(n), "measured_s": float(measured),
+                            "simulated_s": simulated,
+                            "ape_pct": abs(simulated - measured) / measured * 100})
+        return out
+
+    @property
+    def error(self) -> float:
+        """The median relative error at one replica: the band's half-width."""
+        errors = [e["ape_pct"] for e in self.one_replica_error]
+        return float(np.median(errors)) / 100 if errors else 0.0
+
     def predicted(self, policy: str, replicas: int, agents: int, curve: str = "point") -> float:
+        """The simulated fleet's SLO quantile; `high` and `low`: times (1 + e) and (1 - e), e
+        the model's median error at one replica (module docstring)."""
+        factor = {"point": 1.0, "high": 1.0 + self.error, "low": max(0.0, 1.0 - self.error)}
+        return factor[curve] * self.sim_q(policy, replicas, agents)
+
+    def anchored(self, policy: str, replicas: int, agents: int) -> float:
+        """The simulated fleet scaled by the measured over the simulated one replica at N / R
+        (tried as the prediction and set aside: module docstring)."""
         n = max(1.0, agents / replicas)
-        return (self.curves[curve](n) * self.sim_q(policy, replicas, agents) / self.one(n))
+        return self.curves["point"](n) * self.sim_q(policy, replicas, agents) / self.one(n)
 
     def largest(self, policy: str, replicas: int, slo_s: float, start: int, most: int,
                 curve: str = "point") -> int | None:
@@ -474,10 +504,7 @@ def plan_fleet(obs: Any, capacity: dict[str, Any], config: Any) -> FleetPlan | N
             notes.append(f"{arm}: no measured continuation with request records to simulate")
             continue
         levels = [lv.level for lv in cap.levels]
-        errors[arm] = [{"level": float(n), "measured_s": float(m),
-                        "simulated_s": predictor.sim_q("round_robin", 1, n),
-                        "ape_pct": abs(predictor.sim_q("round_robin", 1, n) - m) / m * 100}
-                       for n, m in zip(levels, cap.quantiles, strict=True) if m > 0]
+        errors[arm] = predictor.one_replica_error
         per_replica = cap.n_slo if cap.n_slo is not None and math.isfinite(cap.n_slo) else (
             levels[-1])
         for replicas in config.fleet_replicas:
@@ -494,7 +521,7 @@ def plan_fleet(obs: Any, capacity: dict[str, Any], config: Any) -> FleetPlan | N
                     arm=arm, policy=policy, replicas=replicas, agents=found, band=band,
                     most=most, predicted_s=predictor.predicted(policy, replicas, at)
                     if at else None, slo_s=cap.slo_s,
-                    even_split_s=predictor.curves["point"](max(1.0, at / replicas))
+                    even_split_s=float(predictor.curves["point"](max(1.0, at / replicas)))
                     if at else None,
                     hit_rate=run.hit_rate if run else None,
                     hottest_share=run.hottest_share if run else None)

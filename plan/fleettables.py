@@ -36,8 +36,8 @@ def fleet_markdown(fleet: FleetPlan | None, agents: int, quantile: float) -> lis
         "Per routing policy, the largest fleet of R replicas whose predicted "
         f"{q} meets the SLO (plan/fleetmodel.py): R simulated replicas of the engine fitted on "
         "this sweep's requests behind the policy as vllm-router 0.1.17 applies it, with a "
-        "prefix cache per replica, anchored on the measured one-replica curve at N / R. "
-        "`band`: the same with the measured curve's pointwise interval. `even split`: the "
+        "prefix cache per replica. `band`: the same with the simulated quantiles times 1 + e "
+        "and 1 - e, e the model's median error at one replica (below). `even split`: the "
         f"one-replica curve at N / R, the old assumption. GPUs: for {agents} agents under the "
         "policy.", ""]
     cells = [[r.arm, r.policy, str(r.replicas), f"**{_n(r.agents, r.most)}**",
@@ -63,8 +63,8 @@ def fleet_markdown(fleet: FleetPlan | None, agents: int, quantile: float) -> lis
               f"requests at the lowest level); decode step {1000 * fit.step_base_s:.2f} ms + "
               f"{1000 * fit.step_s_per_seq:.2f} ms per running sequence ({fit.n_levels} levels); "
               f"cache blocks of {fit.block_tokens} tokens.", ""]
-    lines += ["The model's own error at one replica (simulated against measured, before "
-              "anchoring):", ""]
+    lines += ["The model's own error at one replica (simulated against measured p"
+              f"{100 * quantile:g}):", ""]
     for arm, errors in fleet.one_replica_error.items():
         said = ", ".join(f"N={e['level']:g} {e['simulated_s']:.1f} vs {e['measured_s']:.1f} s "
                          f"({e['ape_pct']:.0f}%)" for e in errors)

@@ -79,24 +79,28 @@ def test_round_robin_loses_the_cached_prefix_that_a_session_affine_policy_keeps(
 
 
 def test_the_engine_fit_recovers_known_costs() -> None:
+    """Groups of B requests decoding side by side (level B), none prefilling inside another's
+    decode: the fit finds the prefill's and the step's known costs."""
     records = []
     t = 0.0
-    for level, batch in ((1, 1), (2, 2), (4, 4)):
-        for i in range(20):
-            uncached, cached, k = 200 + 37 * i, 64 * (i % 3), 21
+    for level in (1, 2, 4):
+        for g in range(12):
+            uncached, cached, k = 200 + 37 * g, 64 * (g % 3), 21
             ttft = 0.05 + 0.002 * uncached + 0.0005 * cached
-            itl = 0.01 + 0.004 * batch
-            records.append(RequestRecord(
-                request_id=f"r{level}-{i}", sent_s=t, status="ok", regime="sweep",
-                first_token_s=t + ttft, end_s=t + ttft + (k - 1) * itl,
-                prompt_tokens=uncached + cached, cached_tokens=cached, completion_tokens=k,
-                labels={"level": level}))
-            t += ttft + (k - 1) * itl if level == 1 else (ttft + (k - 1) * itl) / batch
+            itl = 0.01 + 0.004 * level
+            for i in range(level):
+                records.append(RequestRecord(
+                    request_id=f"r{level}-{g}-{i}", sent_s=t, status="ok", regime="sweep",
+                    first_token_s=t + ttft, end_s=t + ttft + (k - 1) * itl,
+                    prompt_tokens=uncached + cached, cached_tokens=cached, completion_tokens=k,
+                    labels={"level": level}))
+            t += ttft + (k - 1) * itl + 1.0
     fit = fit_engine(records, slots=4, block_tokens=16)
     assert fit.prefill_base_s == pytest.approx(0.05, abs=1e-6)
     assert fit.prefill_s_per_token == pytest.approx(0.002, rel=1e-6)
     assert fit.cached_s_per_token == pytest.approx(0.0005, rel=1e-5)
-    assert fit.step_s_per_seq > 0
+    assert fit.step_base_s == pytest.approx(0.01, rel=1e-6)
+    assert fit.step_s_per_seq == pytest.approx(0.004, rel=1e-6)
 
 
 def test_fleet_settings_are_refused_in_one_line() -> None:

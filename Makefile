@@ -48,8 +48,9 @@ help:
 	@echo "make import FILE=... [FORK=n] [OUT=...]   import your own agent's log as a history;"
 	@echo "                          prints the fork it chose and the commands to run next"
 	@echo "make report RUN=<id>  |  make compare RUNS=\"a b\"  |  make report-study (Table 12)"
-	@echo "make plan RUN=<id> [SLO=p90:2x] [AGENTS=n] [GPU_HOUR_USD=x]   GPU capacity plan"
+	@echo "make plan RUN=<id> [SLO=p90:2x] [AGENTS=n] [GPU_HOUR_USD=x] [FLEET_REPLICAS=2,4,8]   GPU capacity plan, fleets per policy"
 	@echo "make plan-check PLAN=<id> RUNS=\"<id>...\"   the plan checked through the router"
+	@echo "make fleet-truth [REPLICAS_LIST=2,4,8] [SLOTS=n] ...   the fleet plan against fake replicas of known capacity"
 	@echo "make kernels [BASE_URL=...]  |  make kernels-gpu   measured device costs"
 	@echo "make faults [ONLY=...] [JOBS=3]    every fault row injected, records lost per row"
 	@echo "make bench-client  |  make bench-redaction   the suite's own parts, measured"
@@ -119,7 +120,7 @@ report-study: install
 	$(CB) report-study
 
 plan: install
-	@test -n "$(RUN)" || { echo "usage: make plan RUN=<run-id> [SLO=p90:2x|p90:120s] [AGENTS=100] [GPU_HOUR_USD=x] [COMPRESSOR_USD_PER_MTOK=x] [COSTMODEL=kernels/results/<file>.json] [PREDICT_DEVICE=...]"; exit 2; }
+	@test -n "$(RUN)" || { echo "usage: make plan RUN=<run-id> [SLO=p90:2x|p90:120s] [AGENTS=100] [GPU_HOUR_USD=x] [COMPRESSOR_USD_PER_MTOK=x] [COSTMODEL=kernels/results/<file>.json] [PREDICT_DEVICE=...] [FLEET_REPLICAS=2,4,8] [FLEET_POLICIES=...] [REPLICA_URLS=...]"; exit 2; }
 	$(CB) plan $(call run_path,$(RUN)) $(if $(SLO),--slo $(SLO)) \
 	  $(if $(AGENTS),--agents $(AGENTS)) $(if $(GPU_HOUR_USD),--gpu-hour-usd $(GPU_HOUR_USD)) \
 	  $(if $(COMPRESSOR_USD_PER_MTOK),--compressor-usd-per-mtok $(COMPRESSOR_USD_PER_MTOK)) \
@@ -182,11 +183,13 @@ tier_workers_e2e = $(E2E_WORKERS)
 tier_workers_integration = 0
 # The fault table runs after the e2e tier's parallel part, alone: its hostile-agent rows count
 # every sandbox process on the machine, so another worker's agent boxes would read as escapes.
-ALONE := tests/bench/faults
+# The fake engine's timing tests (30 ms tolerances) and fleet-truth (a capacity measured on fake
+# replicas) run alone too: four workers on two cores make the fakes' wake-ups late.
+ALONE := tests/bench/faults tests/loadgen/test_fake_engine.py tests/plan/test_truth.py
 # Both parts run; the tier's code is the first failing part's.
 tier_alone_e2e = $(PY) -m pytest -m "$(tier_marker_e2e)" $(ALONE) $(PYTEST_ARGS)
 pytest_tier = ( $(PY) -m pytest -m "$(tier_marker_$(1))" $(call xdist,$(tier_workers_$(1))) \
-  $(if $(tier_alone_$(1)),--ignore=$(ALONE)) $(PYTEST_ARGS); first=$$?; \
+  $(if $(tier_alone_$(1)),$(foreach a,$(ALONE),--ignore=$(a))) $(PYTEST_ARGS); first=$$?; \
   $(if $(tier_alone_$(1)),$(tier_alone_$(1)); alone=$$?; [ $$first -ne 0 ] || exit $$alone;) \
   exit $$first )
 

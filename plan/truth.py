@@ -12,7 +12,8 @@ one configuration. The steps:
    fleet N whose measured SLO quantile (failures as misses, the plan's own rule) meets the
    plan's SLO in seconds, found by measuring sweep levels through the router from the planned N
    outward (up while it holds, down while it misses, then bisecting); every measured level is
-   a run folder under `out/runs/`;
+   a run folder under `out/runs/` (`R<R>-<policy>-N<N>`, every arm, since the bench pairs each
+   arm with clean; one arm's search reuses the levels the other's measured);
 4. the table: `policy | replicas | arm | true agents | planned agents | error | SLO held at
    planned N`, error = (planned - true) / true, signed, in Markdown (fleet-truth.md) and JSON.
 
@@ -158,10 +159,19 @@ def _sweep(config: TruthConfig, profile: Path, base_url: str, run_id: str, arms:
     """One sweep run through `base_url`, in this process (bench.run.runner), into out/runs."""
     from compaction_bench.bench.run.config import BenchConfig
     from compaction_bench.bench.run.runner import run_bench
+    from compaction_bench.bench.run.sweep import finished_cells
 
     runs = config.out / "runs"
-    if (runs / run_id / "sweep.jsonl").is_file():  # measured before: a rerun resumes nothing
-        return runs / run_id
+    if (runs / run_id).is_dir():  # measured before: kept whole where every cell is done
+        done, _ = finished_cells(runs / run_id)
+        if all((arm, n) in done for arm in arms for n in levels):
+            return runs / run_id
+        # cut short: its router is gone (a new one has another port, so RESUME would refuse
+        # the changed BASE_URL); the folder is kept aside, never deleted, and measured again
+        aside = runs / f"{run_id}.incomplete-{time.strftime('%Y%m%dT%H%M%S')}"
+        (runs / run_id).rename(aside)
+        print(f"[fleet-truth] {run_id} was cut short: kept as {aside.name}, measured again",
+              file=log, flush=True)
     bench = BenchConfig.model_validate({
         "regime": "sweep", "profile": str(profile), "base_url": base_url,
         "replica_urls": replica_urls, "router_metrics_url": metrics_url, "source": "replay",
@@ -233,8 +243,10 @@ def run_truth(config: TruthConfig, log: TextIO) -> list[TruthRow]:
                         def measure(n: int, arm: str = arm, policy: str = policy,
                                     router: Router = router,
                                     replicas: int = replicas) -> float | None:
+                            # every arm at once (the bench pairs them with clean); a level
+                            # one arm's search measured serves the other's too
                             run = _sweep(config, profile, router.config.server_url,
-                                         f"R{replicas}-{policy}-{arm}-N{n}", (arm,), (n,), log,
+                                         f"R{replicas}-{policy}-N{n}", config.arms, (n,), log,
                                          fleet.urls, router.config.prometheus_url)
                             return _quantile_at(run, arm, n, q, basis)
 

@@ -64,7 +64,7 @@ def test_fleet_truth_finds_the_true_capacity_and_the_plan_beside_it(tmp_path: Pa
     assert measured[true + 1] is None or measured[true + 1] > row["slo_s"]
     assert row["planned_agents"] is not None and abs(row["planned_agents"] - true) <= 1
     assert (out / "runs" / "one-replica" / "sweep.jsonl").is_file()
-    manifest = json.loads((out / "runs" / f"R2-consistent_hash-clean-N{true}" /
+    manifest = json.loads((out / "runs" / f"R2-consistent_hash-N{true}" /
                            "manifest.json").read_text())
     assert manifest["config"]["base_url"].startswith("http://127.0.0.1:")
 

@@ -51,7 +51,7 @@ class TruthConfig(BaseModel):
     replicas: tuple[int, ...] = (2, 4, 8)
     policies: tuple[str, ...] = ("round_robin", "consistent_hash", "cache_aware")
     arms: tuple[str, ...] = ("clean", "external")
-    slots: int = Field(default=4, ge=1, le=64)
+    slots: int = Field(default=4, ge=2, le=64)  # a profile's shared regime needs one user fewer
     prefill_ms_per_token: float = Field(default=0.2, gt=0, le=10)
     cache_discount: float = Field(default=1.0, ge=0, le=1)
     step_ms: float = Field(default=2.0, gt=0, le=100)
@@ -104,7 +104,8 @@ def profile_text(config: TruthConfig) -> str:
         f"max_num_seqs = {config.slots}", "max_model_len = 8192",
         f"block_size = {config.block_tokens}", f"extra_args = {json.dumps(args)}", "",
         "[vllm]", 'minimum = "0.25.0"', 'minimum_reason = "no vLLM runs"', 'pinned = "0.32.0"',
-        'pinned_reason = "no vLLM runs"', "", "[regimes]", "shared_users = 2", ""])
+        'pinned_reason = "no vLLM runs"', "", "[regimes]",
+        f"shared_users = {min(2, config.slots - 1)}", ""])
 
 
 @dataclass

@@ -22,12 +22,19 @@ def test_bad_settings_are_refused_in_one_line(tmp_path: Path) -> None:
         TruthConfig(out=tmp_path, cache_discount=1.5)
     with pytest.raises(ValueError, match="at least two fleet sizes"):
         TruthConfig(out=tmp_path, levels=(4,))
+    with pytest.raises(ValueError, match="greater than or equal to 2"):
+        TruthConfig(out=tmp_path, slots=1)  # a profile's shared regime needs one user fewer
 
 
 def test_the_profile_carries_the_engine_settings(tmp_path: Path) -> None:
     text = profile_text(TruthConfig(out=tmp_path, slots=3, prefill_ms_per_token=0.5,
                                     cache_discount=0.8, step_ms=3, step_ms_per_seq=0.5))
-    assert "max_num_seqs = 3" in text
+    assert "max_num_seqs = 3" in text and "shared_users = 2" in text
+    from compaction_bench.serve.profile import load_profile
+
+    path = tmp_path / "two.toml"
+    path.write_text(profile_text(TruthConfig(out=tmp_path, slots=2)))
+    assert load_profile(str(path)).regimes.shared_users == 1  # below its 2 slots
     assert '"--max-running", "3", "--prefill-ms-per-token", "0.5", "--cache-discount", "0.8"' in (
         text)
 

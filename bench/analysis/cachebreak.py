@@ -15,8 +15,9 @@ cache_config), else the profile, else vLLM's default 16. The server caches full 
 A request's predicted hit is the longest run of its prompt's leading blocks found in that cache,
 capped at floor((n - 1) / B) · B (vLLM recomputes the last prompt token). `predicted_low` counts
 what was surely cached when the request was sent; `predicted_high` also what other requests
-(arms running side by side) may have cached by the time this one's first token came (their
-prompts, and their replies, which are cached block by block as they are generated), so the two
+(arms running side by side) sent before this one's first token came may have cached (their
+prompts, whose blocks the server caches when their prefill ends, before the client sees their
+first token, and their replies, cached block by block as they are generated), so the two
 differ only where requests overlapped. A request agrees when the measured hit lies within one
 block of [low, high]. Eviction, and anything cached before the run (by earlier runs, other
 users of a shared server, background load that records no ids), is outside the prediction: a
@@ -279,25 +280,36 @@ def _sweep(group: list[_Prompt], block: int, *, upper: bool) -> dict[int, int]:
     """Predicted hit per request (index into `group`), from one pass over time; queries come
     before additions at equal times. Lower bound: a request is queried when sent, another's
     prompt counts once its first token came and its reply once it ended. Upper bound: queried at
-    its own first token, another's prompt and whole reply count from that one's first token
-    (blocks of a reply are cached while it is still being generated)."""
+    its own first token, another's prompt and whole reply count from the moment that one was
+    sent: the server caches a prompt's blocks when its prefill ends, which can be any time after
+    it was sent and comes before the client sees its first token (a CI run found a side-by-side
+    arm's fork request fully cached by another arm's identical one whose first token the client
+    saw later), and a reply's blocks while it is generated."""
     events: list[tuple[float, int, int]] = []  # (time, 0 query / 1 prompt / 2 reply, index)
     for index, p in enumerate(group):
         r = p.record
         first = r.first_token_s if r.first_token_s is not None else r.end_s or r.sent_s
-        events += [(first if upper else r.sent_s, 0, index), (first, 1, index),
-                   (first if upper else (r.end_s or first), 2, index)]
+        events += [(first if upper else r.sent_s, 0, index),
+                   (r.sent_s if upper else first, 1, index),
+                   (r.sent_s if upper else (r.end_s or first), 2, index)]
     heapq.heapify(events)
     cached: set[tuple[int, str]] = set()
+    # the upper bound adds a request's own blocks before its own query: who added each block, so
+    # a request never finds only its own blocks
+    adders: dict[tuple[int, str], set[int]] = defaultdict(set)
     out: dict[int, int] = {}
     while events:
         _, kind, index = heapq.heappop(events)
         p = group[index]
         if kind == 0:
-            out[index] = _hit(p, cached, block)
+            others = cached if not upper else {b for b in cached if adders[b] - {index}}
+            out[index] = _hit(p, others, block)
         else:
             length = p.n if kind == 1 else p.n + p.m - 1
-            cached.update(p.boundaries(length // block * block, block))
+            added = p.boundaries(length // block * block, block)
+            cached.update(added)
+            for boundary in added:
+                adders[boundary].add(index)
     return out
 
 

@@ -120,12 +120,14 @@ class Attribution:
 
 
 def infer_replicas(requests: Iterable[dict[str, Any]], lines: Sequence[dict[str, Any]], *,
-                   slack_s: float = 0.25) -> dict[str, Attribution]:
+                   slack_s: float = 0.25, after_s: float = 0.1) -> dict[str, Attribution]:
     """request_id -> `Attribution`, for the ok requests (`requests.jsonl` lines, run clock)
     given the replica lines (same clock). A request goes to a replica when that replica is the
     only one whose `requests_finished` rose in a scrape interval overlapping [end - slack_s,
-    end] (the server counts a request a moment before its last byte arrives), and no more
-    requests are given to one interval than the counter rose by."""
+    end + after_s] (vLLM counts a request a moment before its last byte arrives; a server may
+    also count it a moment after, and a scrape in that moment sees no rise yet: a CI run's
+    loaded machine left a request with none), and no more requests are given to one interval
+    than the counter rose by."""
     series: dict[str, tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
     for line in sorted(lines, key=lambda x: float(x["t_s"])):
         value = line.get("requests_finished")
@@ -142,7 +144,7 @@ def infer_replicas(requests: Iterable[dict[str, Any]], lines: Sequence[dict[str,
         rose: list[tuple[str, int]] = []
         for replica, (times, counts) in series.items():
             first = max(1, bisect.bisect_left(times, end - slack_s))
-            last = bisect.bisect_left(times, end)  # the first scrape at or after the end
+            last = bisect.bisect_left(times, end + after_s)  # the first scrape past it
             rose += [(replica, k) for k in range(first, min(last, len(times) - 1) + 1)
                      if counts[k] > counts[k - 1]]
         rid = str(record["request_id"])

@@ -107,6 +107,12 @@ def test_round_robin_spreads_and_replicas_are_sampled_and_attributed(
                              fleet.router.config.prometheus_url)
     records = []
     with ReplicaSampler(targets, path, interval_s=0.05):
+        # a request's replica is inferred from a counter rising between two samples: wait for
+        # every replica's first sample (a CI run's loaded start left rr-0 with none before it)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not (path.is_file() and {
+                line["replica"] for line in read_jsonl(path).objects} == set(targets.urls)):
+            time.sleep(0.05)
         for i in range(6):  # one at a time, each slow enough to end alone
             got = send_once(fleet.api_url, {"model": "target", "max_tokens": 2, "fake": {
                 "ttft_ms": 300}, "messages": [{"role": "user", "content": f"rr-{i}"}]},

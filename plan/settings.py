@@ -94,11 +94,9 @@ class PlanConfig(BaseModel):
     @field_validator("fleet_policies")
     @classmethod
     def _policies(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        from compaction_bench.serve.router import ROUTER_POLICIES, policy_refusal
+        from compaction_bench.serve.router import offered_policies
 
-        if bad := [p for p in value if p not in ROUTER_POLICIES]:
-            raise ValueError(policy_refusal(bad[0]).replace("ROUTER_POLICY", "FLEET_POLICIES"))
-        return value
+        return offered_policies(value, "FLEET_POLICIES")
 
     @field_validator("slo")
     @classmethod

@@ -74,11 +74,9 @@ class TruthConfig(BaseModel):
     @field_validator("policies")
     @classmethod
     def _policies(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        from compaction_bench.serve.router import ROUTER_POLICIES, policy_refusal
+        from compaction_bench.serve.router import offered_policies
 
-        if bad := [p for p in value if p not in ROUTER_POLICIES]:
-            raise ValueError(policy_refusal(bad[0]).replace("ROUTER_POLICY", "POLICIES"))
-        return value
+        return offered_policies(value, "POLICIES")
 
     @field_validator("levels")
     @classmethod

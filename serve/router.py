@@ -47,13 +47,22 @@ ROUTER_POLICIES = tuple(ROUTING_KEYS)
 DEFAULT_POLICY = "consistent_hash"  # one agent, one replica: its prefix stays cached
 
 
-def policy_refusal(policy: str) -> str:
-    """The one line refusing a policy the suite does not offer (unknown, or unsupported)."""
+def policy_refusal(policy: str, setting: str = "ROUTER_POLICY") -> str:
+    """The one line refusing a policy the suite does not offer (unknown, or unsupported),
+    naming the setting it came from."""
     offered = ", ".join(ROUTER_POLICIES)
     if policy in UNSUPPORTED:
         return (f"router policy '{policy}' is not offered: it {UNSUPPORTED[policy]}; use one of "
-                f"{offered} (ROUTER_POLICY=...)")
-    return f"unknown router policy '{policy}'; use one of {offered} (ROUTER_POLICY=...)"
+                f"{offered} ({setting}=...)")
+    return f"unknown router policy '{policy}'; use one of {offered} ({setting}=...)"
+
+
+def offered_policies(value: tuple[str, ...], setting: str) -> tuple[str, ...]:
+    """`value` when every policy in it is offered; else ValueError with `policy_refusal`'s
+    line (the settings' one check: bench ROUTER_POLICY, plan FLEET_POLICIES, fleet-truth)."""
+    if bad := [p for p in value if p not in ROUTER_POLICIES]:
+        raise ValueError(policy_refusal(bad[0], setting))
+    return value
 
 
 def routing_key(policy: str) -> str:

@@ -297,13 +297,11 @@ class BenchConfig(BaseModel):
     @field_validator("router_policy")
     @classmethod
     def _policies(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        from compaction_bench.serve.router import ROUTER_POLICIES, policy_refusal
+        from compaction_bench.serve.router import offered_policies
 
         if len(set(value)) != len(value):
             raise ValueError(f"router policies repeat: {', '.join(value)}")
-        if bad := [p for p in value if p not in ROUTER_POLICIES]:
-            raise ValueError(policy_refusal(bad[0]))
-        return value
+        return offered_policies(value, "ROUTER_POLICY")
 
     @field_validator("arms")
     @classmethod

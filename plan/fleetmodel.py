@@ -30,7 +30,7 @@ simulated quantiles times (1 + e) and (1 - e), e that median error. Capacity is 
 whose predicted quantile meets the SLO. The simulator uses common random numbers (one seed)
 across N, so the predicted curve is smooth in N.
 
-Anchoring was tried and set aside (`anchored`): the measured one-replica curve at N / R times
+Anchoring was tried and set aside: the measured one-replica curve at N / R times
 the simulated fleet over the simulated one replica. On `make fleet-truth` (fake engine, R = 2
 and 4, three policies, 2026-12-06) it carried the one-replica curve's sampling noise (a p90 of
 16 continuations) into every fleet and overstated capacity in 4 of 6 fleets (by 1 to 3
@@ -381,16 +381,12 @@ class _Predictor:
     """Predicted SLO quantiles of one arm's fleets (module docstring), simulations cached."""
 
     def __init__(self, fit: EngineFit, pool: Sequence[Trace], arm: str, quantile: float,
-                 levels: Sequence[int], values: Sequence[float], bands: Sequence[tuple[float,
-                                                                                       float]],
-                 weights: Sequence[int], *, urls: Sequence[str] | None, seed: int,
-                 wall: bool, samples: int) -> None:
+                 levels: Sequence[int], values: Sequence[float], weights: Sequence[int], *,
+                 urls: Sequence[str] | None, seed: int, wall: bool, samples: int) -> None:
         from compaction_bench.plan.curve import MonotoneCurve
 
         self.fit, self.pool, self.arm, self.q = fit, pool, arm, quantile
-        self.curves = {"point": MonotoneCurve(levels, values, weights),
-                       "low": MonotoneCurve(levels, [b[0] for b in bands], weights),
-                       "high": MonotoneCurve(levels, [b[1] for b in bands], weights)}
+        self.curve = MonotoneCurve(levels, values, weights)  # the measured one replica
         self.urls, self.seed, self.wall, self.samples = urls, seed, wall, samples
         self.runs: dict[tuple[str, int, int], FleetRun] = {}
 
@@ -406,20 +402,11 @@ class _Predictor:
     def sim_q(self, policy: str, replicas: int, agents: int) -> float:
         return float(hd_quantile(self.run(policy, replicas, agents).times, self.q))
 
-    def one(self, n: float) -> float:
-        """The simulated one replica's quantile at n agents (interpolated between integers)."""
-        n = max(1.0, n)
-        low, high = math.floor(n), math.ceil(n)
-        q_low = self.sim_q("round_robin", 1, low)
-        if high == low:
-            return q_low
-        return q_low + (n - low) * (self.sim_q("round_robin", 1, high) - q_low)
-
     @property
     def one_replica_error(self) -> list[dict[str, float]]:
         """The simulated one replica against every measured level (the model's own error)."""
         out = []
-        for n, measured in zip(self.curves["point"].levels, self.curves["point"].measured,
+        for n, measured in zip(self.curve.levels, self.curve.measured,
                                strict=True):
             if measured > 0:
                 simulated = self.sim_q("round_robin", 1, int(n))
@@ -439,12 +426,6 @@ class _Predictor:
         the model's median error at one replica (module docstring)."""
         factor = {"point": 1.0, "high": 1.0 + self.error, "low": max(0.0, 1.0 - self.error)}
         return factor[curve] * self.sim_q(policy, replicas, agents)
-
-    def anchored(self, policy: str, replicas: int, agents: int) -> float:
-        """The simulated fleet scaled by the measured over the simulated one replica at N / R
-        (tried as the prediction and set aside: module docstring)."""
-        n = max(1.0, agents / replicas)
-        return self.curves["point"](n) * self.sim_q(policy, replicas, agents) / self.one(n)
 
     def largest(self, policy: str, replicas: int, slo_s: float, start: int, most: int,
                 curve: str = "point") -> int | None:
@@ -521,7 +502,7 @@ def plan_fleet(obs: Any, capacity: dict[str, Any], config: Any) -> FleetPlan | N
                     arm=arm, policy=policy, replicas=replicas, agents=found, band=band,
                     most=most, predicted_s=predictor.predicted(policy, replicas, at)
                     if at else None, slo_s=cap.slo_s,
-                    even_split_s=float(predictor.curves["point"](max(1.0, at / replicas)))
+                    even_split_s=float(predictor.curve(max(1.0, at / replicas)))
                     if at else None,
                     hit_rate=run.hit_rate if run else None,
                     hottest_share=run.hottest_share if run else None)
@@ -546,7 +527,7 @@ def arm_predictor(obs: Any, fit: EngineFit, arm: str, cap: Any, config: Any,
     if not pool:
         return None
     return _Predictor(fit, pool, arm, config.target.quantile, [lv.level for lv in cap.levels],
-                      list(cap.quantiles), list(cap.quantile_ci), [lv.n for lv in cap.levels],
+                      list(cap.quantiles), [lv.n for lv in cap.levels],
                       urls=urls, seed=config.seed, wall=config.slo_time == "wall",
                       samples=SAMPLES)
 

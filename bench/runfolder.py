@@ -171,6 +171,9 @@ class BlockRecord:
     invalid_reasons: tuple[str, ...] = ()
     block_pass: int | None = None  # which pass of the block this record closes (None: 1)
     record: str | None = None  # replay: the recorded fork this block replayed
+    # whether other processes on this host used its CPUs while the block ran: the verdict of
+    # bench/analysis/host.py over host.jsonl (quiet, contended with the figure, or unknown)
+    host: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

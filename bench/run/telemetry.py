@@ -13,9 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from compaction_bench.bench.analysis.host import HOST_FILE
 from compaction_bench.bench.run.config import (
     BenchConfig,
 )
+from compaction_bench.bench.run.hostwatch import HostSampler
 from compaction_bench.bench.runfolder import (
     write_json,
 )
@@ -71,6 +73,7 @@ class LoadMonitor:
 class Telemetry:
     sampler: MetricsSampler
     monitor: LoadMonitor | None  # None: the regime has no background users
+    host: HostSampler | None = None  # host.jsonl: the host's CPU and the run's own share
 
 
 def _say(line: str) -> None:
@@ -140,9 +143,14 @@ def run_telemetry(config: BenchConfig, url: str, run_dir: Path, origin: float, u
         if replicas is not None:
             stack.enter_context(ReplicaSampler(replicas, run_dir / REPLICA_METRICS,
                                                origin=origin))
-        stack.enter_context(GpuSampler(run_dir / "gpu.jsonl", origin=origin))
+        # the run's own processes: this one's tree and the served ports' listeners on this host
+        host = stack.enter_context(HostSampler(
+            run_dir / HOST_FILE, origin=origin,
+            served=(url, config.external_url, *(replicas.urls if replicas else ()))))
+        stack.enter_context(GpuSampler(run_dir / "gpu.jsonl", origin=origin,
+                                       own_pids=host.own_pids))
         if not users:
-            yield Telemetry(sampler, None)
+            yield Telemetry(sampler, None, host)
             return
         # Small models without a reasoning field or tool calls get old reasoning and tool
         # calls inline as text, so background prompts keep realistic lengths. Turns whose
@@ -171,7 +179,7 @@ def run_telemetry(config: BenchConfig, url: str, run_dir: Path, origin: float, u
         # with remote workers, the wait for them comes first (the master's workers_wait_s)
         load.wait_steady(timeout_s=600 + (REMOTE_WAIT_S if remote is not None else 0))
         yield Telemetry(sampler, stack.enter_context(
-            LoadMonitor(load, run_dir / "load.jsonl", origin)))
+            LoadMonitor(load, run_dir / "load.jsonl", origin)), host)
 
 
 def replica_targets(config: BenchConfig) -> ReplicaTargets | None:

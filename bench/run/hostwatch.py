@@ -35,6 +35,7 @@ from urllib.parse import urlsplit
 
 import psutil
 
+from compaction_bench.bench.analysis.host import host_verdict, read_host
 from compaction_bench.common.files import JsonlWriter
 from compaction_bench.common.periodic import Periodic
 
@@ -250,3 +251,12 @@ def own_delta(prev: dict[tuple[int, float], _Proc], now: dict[tuple[int, float],
         delta += max(0.0, cur.self_s - old.self_s)
         delta += max(0.0, cur.children_s - old.children_s - vanished.get(key[0], 0.0))
     return delta
+
+
+def span_host(sampler: HostSampler | None, run_dir: Path, start: float, end: float
+              ) -> dict[str, Any]:
+    """The host verdict over [start, end] on the run clock, as a block record or a cell's line
+    carries it: one more sample first, so the span's last stretch is in it."""
+    if sampler is not None and sampler.enabled:
+        sampler.sample_once()
+    return host_verdict(read_host(run_dir), start, end).to_json()

@@ -44,12 +44,14 @@ from compaction_bench.bench.run.boundary import (
 )
 from compaction_bench.bench.run.config import REFERENCE, SWEEP, BenchConfig
 from compaction_bench.bench.run.fleet import run_cell
+from compaction_bench.bench.run.hostwatch import HostSampler
 from compaction_bench.bench.run.session import Session
 from compaction_bench.bench.run.sweep import (
     SWEEP_FILE,
     fleet_watch,
     server_cache_config,
     sweep_config,
+    with_host,
 )
 from compaction_bench.bench.run.writer import RunWriter
 from compaction_bench.bench.runfolder import ArmRecord, read_run
@@ -144,6 +146,7 @@ class Search:
     def __init__(self) -> None:
         self.max_level = 0
         self.found = OnRecord()
+        self.host: HostSampler | None = None  # the run's host sampler, while the cells run
 
     def adjust(self, config: BenchConfig, profile: Profile) -> BenchConfig:
         self.max_level = config.search.max_for(profile.engine_args.max_num_seqs)
@@ -176,7 +179,8 @@ class Search:
         records: list[ArmRecord] = []
         aborted = None
         try:
-            with fleet_watch(session, stop):
+            with fleet_watch(session, stop) as host:
+                self.host = host
                 records, aborted = self._search(session, writer, cells_out, decisions)
         except KeyboardInterrupt as exc:
             stop.interrupted(exc)
@@ -264,6 +268,7 @@ class Search:
         if session.stop.stopped:  # the cut cell gets no line: RESUME runs it again
             return outcome.records, cell_pass, None
         writer.sync()
+        with_host(outcome.line, self.host, session.run_dir)
         cells_out.write({**outcome.line, "search_step": step.kind})
         self.found.lines[(arm.name, step.level, confirm)] = outcome.line
         self.found.records[(arm.name, step.level, cell_pass)] = outcome.records

@@ -41,10 +41,12 @@ from typing import Any
 
 import numpy as np
 
+from compaction_bench.bench.analysis.host import CONTENDED
 from compaction_bench.bench.run.arm import Arm
 from compaction_bench.bench.run.block import BlockSettings
 from compaction_bench.bench.run.config import REFERENCE, SWEEP, BenchConfig
 from compaction_bench.bench.run.fleet import CellOutcome, run_cell
+from compaction_bench.bench.run.hostwatch import HostSampler, span_host
 from compaction_bench.bench.run.session import Session
 from compaction_bench.bench.run.stop import RunStop
 from compaction_bench.bench.run.telemetry import run_telemetry
@@ -151,11 +153,11 @@ class Sweep:
         aborted = None
         assert session.settings is not None
         try:
-            with fleet_watch(session, stop):
+            with fleet_watch(session, stop) as host:
                 records, aborted = _cells(
                     self.levels, config, {a.name: a for a in session.arms}, self.done,
                     self.passes, session.settings, writer, cells_out, stop, session.url,
-                    session.hint, session)
+                    session.hint, session, host)
         except KeyboardInterrupt as exc:
             stop.interrupted(exc)
         finally:
@@ -171,10 +173,11 @@ def _step_limit(session: Session) -> str:
 
 
 @contextmanager
-def fleet_watch(session: Session, stop: RunStop) -> Iterator[None]:
+def fleet_watch(session: Session, stop: RunStop) -> Iterator[HostSampler | None]:
     """What runs around a fleet's cells (the sweep's and the search's): the server's /metrics,
-    each replica's behind a router, NVML (no background users: the fleet is the load), and the
-    watchdog that stops the run when the server no longer streams."""
+    each replica's behind a router, NVML, the host's CPU (no background users: the fleet is the
+    load), and the watchdog that stops the run when the server no longer streams; yields the
+    host sampler, whose verdict each cell's line carries."""
     def stalled(why: str) -> None:
         stop.stop(f"{why}; {session.hint}")
 
@@ -182,13 +185,14 @@ def fleet_watch(session: Session, stop: RunStop) -> Iterator[None]:
                        session.profile, None) as telemetry, \
             Watchdog(session.url, session.config.stall_s, stalled, healthy=is_healthy,
                      sampler=telemetry.sampler):
-        yield
+        yield telemetry.host
 
 
 def _cells(levels: tuple[int, ...], config: BenchConfig, arms: dict[str, Arm],
            done: set[tuple[str, int]], passes: dict[tuple[str, int], int],
            settings: BlockSettings, writer: RunWriter, cells_out: JsonlWriter, stop: RunStop,
-           url: str, hint: str, session: Session) -> tuple[list[ArmRecord], str | None]:
+           url: str, hint: str, session: Session, host: HostSampler | None = None
+           ) -> tuple[list[ArmRecord], str | None]:
     """Every cell not done yet, levels ascending, arms in a seeded order per level: (records,
     why the sweep ended early or None)."""
     records: list[ArmRecord] = []
@@ -204,6 +208,7 @@ def _cells(levels: tuple[int, ...], config: BenchConfig, arms: dict[str, Arm],
                 return records + outcome.records, None
             writer.sync()
             records += outcome.records
+            with_host(outcome.line, host, session.run_dir)
             cells_out.write(outcome.line)
             session.say(_cell_line(outcome))
             if not is_healthy(url):
@@ -218,7 +223,16 @@ def _cell_line(outcome: CellOutcome) -> str:
     measured = sorted(r.postfork_s for r in outcome.records
                       if r.sweep_phase == "measured" and r.complete)
     median = f"{float(np.median(measured)):.1f} s" if measured else "-"
+    host = line.get("host") or {}
     return (f"[sweep] {line['arm']} N={line['level']}: {counts['measured']} measured "
             f"(+{counts['warmup']} warm-up, {counts['drain']} drain, "
             f"{line['measured_failed']} failed) in {line['ended_s'] - line['started_s']:.0f} s;"
-            f" median postfork {median}")
+            f" median postfork {median}"
+            + (f"; host contended: {host.get('figure')}" if host.get("verdict") == CONTENDED
+               else ""))
+
+
+def with_host(line: dict[str, Any], host: HostSampler | None, run_dir: Path) -> None:
+    """Add the host's verdict over the cell's span to its `sweep.jsonl` line (`host`: quiet,
+    contended with the figure, or unknown; bench/analysis/host.py), for `make plan` to name."""
+    line["host"] = span_host(host, run_dir, float(line["started_s"]), float(line["ended_s"]))

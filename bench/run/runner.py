@@ -22,7 +22,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from compaction_bench.bench.analysis.load import block_load
+from compaction_bench.bench.analysis.load import run_block_load
 from compaction_bench.bench.analysis.paired import helper_waits
 from compaction_bench.bench.run.arm import Arm
 from compaction_bench.bench.run.block import BlockSettings, run_block
@@ -34,6 +34,7 @@ from compaction_bench.bench.run.config import (
     default_blocks,
     regime_users,
 )
+from compaction_bench.bench.run.hostwatch import HostSampler, span_host
 from compaction_bench.bench.run.progress import Progress
 from compaction_bench.bench.run.resume import block_passes, failed_arms, resumed_config
 from compaction_bench.bench.run.session import (
@@ -152,14 +153,15 @@ def _blocks(run: Blocks, session: Session) -> tuple[list[ArmRecord], str | None]
                     monitor.block = block
                 block_pass = run.passes.get(block, 1)
                 found, closed, waits = _one_block(arms, settings, block, writer, progress,
-                                                  run.users, block_pass, lambda: is_healthy(url))
+                                                  run.users, block_pass, lambda: is_healthy(url),
+                                                  host=telemetry.host)
                 if closed and waits:  # the compressor is up now: the block again, fairly
                     session.say(f"[bench] block {block}: {waits[0]}; it runs again as pass "
                                 f"{block_pass + 1} (the first pass stays on record, invalid)")
                     records += found
                     found, closed, _ = _one_block(arms, settings, block, writer, progress,
                                                   run.users, block_pass + 1,
-                                                  lambda: is_healthy(url))
+                                                  lambda: is_healthy(url), host=telemetry.host)
                 records += found
                 if not closed:
                     aborted = (f"the server at {url} stopped answering during block {block} "
@@ -188,7 +190,8 @@ def _stop_for(stop: RunStop, message: str) -> None:
 
 def _one_block(arms: list[Arm], settings: BlockSettings, block: int, writer: RunWriter,
                progress: Progress, users: int, block_pass: int,
-               server_ok: Callable[[], bool]) -> tuple[list[ArmRecord], bool, list[str]]:
+               server_ok: Callable[[], bool], host: HostSampler | None = None
+               ) -> tuple[list[ArmRecord], bool, list[str]]:
     """Run one block; (its arm records, whether it was closed, the arms that waited for a
     compressor server's lazy start). A block after which the server no longer answers gets no
     block record: its failures are the server's, not the arms', so `RESUME` runs it again in
@@ -210,10 +213,9 @@ def _one_block(arms: list[Arm], settings: BlockSettings, block: int, writer: Run
     if not server_ok():
         return outcome.records, False, []
     folder = read_run(writer.run_dir)
-    load = block_load(config.regime, users, started, ended,
-                      [r for r in folder.requests if r.regime == config.regime],
-                      list(folder.metrics), list(folder.load),
-                      arms_from=None if outcome.released_s is None else outcome.released_s - origin)
+    load = run_block_load(folder, config.regime, users, started, ended,
+                          arms_from=None if outcome.released_s is None
+                          else outcome.released_s - origin)
     waits = helper_waits(outcome.records)  # not a fair block: it runs again as its next pass
     reasons = (*load.reasons, *waits)
     writer.block(BlockRecord(
@@ -221,7 +223,10 @@ def _one_block(arms: list[Arm], settings: BlockSettings, block: int, writer: Run
         ended_s=ended, seed=outcome.seed,
         released_s=None if outcome.released_s is None else outcome.released_s - origin,
         load=load.to_json(), invalid_reasons=reasons,
-        block_pass=block_pass if block_pass > 1 else None, record=outcome.record))
+        block_pass=block_pass if block_pass > 1 else None, record=outcome.record,
+        # the host while the arms ran (bench/analysis/host.py; analysis recomputes it)
+        host=span_host(host, writer.run_dir, started if outcome.released_s is None
+                       else outcome.released_s - origin, ended)))
     writer.sync()
     progress.block_finished(ended - started)
     return outcome.records, True, waits

@@ -52,6 +52,7 @@ def test_a_block_whose_load_was_invalid_is_left_out(tmp_path: Path) -> None:
                                             "regime": {"name": "shared", "background_users": 2}})
     analysis = analyze(read_run(tmp_path))
     assert analysis.primary["shared"].n_blocks == 0
-    assert all(b.load_reasons == ("no background load was recorded during the block",)
-               for b in analysis.blocks)
+    assert all(b.load_reasons == ("no background request ended or was in flight during the "
+                                  "block: its 2 users sent nothing; see the load's log in the "
+                                  "run folder's background/",) for b in analysis.blocks)
     assert all("invalid load" in "; ".join(b.reasons) for b in analysis.blocks)

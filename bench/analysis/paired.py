@@ -13,11 +13,12 @@ from __future__ import annotations
 import zlib
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from compaction_bench.bench.analysis.host import HostVerdict, block_hosts
 from compaction_bench.bench.analysis.latency import (
     CacheCheck,
     CacheRate,
@@ -63,7 +64,9 @@ class BlockStatus:
     `reasons` says why the block is not usable in the primary analysis; a block whose load was
     not the regime's (`load_reasons`) is usable in neither, nor is one without its block record
     (issue 22: its arms finished, the block did not). `load.verdict` says whether the regime's
-    load was verified; an unverified block stays in, and the report names it.
+    load was verified; an unverified block stays in, and the report names it. `host` says
+    whether other processes on the host used its CPUs while the arms ran (issue 30): a contended
+    block stays in unless the run set QUIET_ONLY, and the report names it.
     """
 
     regime: str
@@ -74,6 +77,11 @@ class BlockStatus:
     substituted: tuple[str, ...]
     reasons: tuple[str, ...]
     load: BlockLoad | None = None
+    host: HostVerdict | None = None
+
+    @property
+    def quiet(self) -> bool:
+        return self.host is not None and self.host.quiet
 
     @property
     def load_reasons(self) -> tuple[str, ...]:
@@ -152,6 +160,10 @@ class RunAnalysis:
     max_waiting: Mapping[str, float | None]
     serving: Mapping[str, Mapping[str, Mapping[str, Any]]]
     noise: Sensitivity
+    # QUIET_ONLY (issue 30): `primary` covers the quiet blocks only; `other` is the primary
+    # analysis the other way (every usable block where quiet_only, the quiet ones where not)
+    quiet_only: bool = False
+    other: Mapping[str, Comparison] = field(default_factory=dict)
 
     @property
     def run_id(self) -> str:
@@ -188,6 +200,7 @@ def block_statuses(records: RunRecords, arms: Sequence[str]) -> tuple[BlockStatu
     """Classify every block any file names: complete, usable only with recovery, or unusable
     (its arms failed, or its background load was not the regime's)."""
     loads = block_loads(records)
+    hosts = block_hosts(records)
     by_block: dict[BlockKey, list[ArmRecord]] = defaultdict(list)
     for record in records.arms:
         by_block[(record.regime, record.block)].append(record)
@@ -253,6 +266,7 @@ def block_statuses(records: RunRecords, arms: Sequence[str]) -> tuple[BlockStatu
             substituted=tuple(substituted),
             reasons=tuple(reasons),
             load=load,
+            host=hosts.get(key),
         ))
     return tuple(statuses)
 
@@ -317,11 +331,14 @@ def compare(
     arms: Sequence[str],
     *,
     sensitivity: bool = False,
+    quiet: bool = False,
 ) -> Comparison:
-    """Every non-reference arm against clean over the usable blocks of `regimes`."""
+    """Every non-reference arm against clean over the usable blocks of `regimes` (with
+    `quiet`, only those whose host was quiet)."""
     usable = [
         b for b in blocks
         if b.regime in regimes and (b.sensitivity if sensitivity else b.primary)
+        and (b.quiet or not quiet)
     ]
     chosen = [b.sensitivity if sensitivity else b.primary for b in usable]
     results = {}
@@ -383,9 +400,13 @@ def analyze(records: RunRecords, *, seed: int = 0) -> RunAnalysis:
     primary: dict[str, Comparison] = {}
     sensitivity: dict[str, Comparison] = {}
     groups = [(r, (r,)) for r in regimes] + ([(POOLED, pooled)] if pooled else [])
+    quiet_only = quiet_only_setting(records.manifest)
+    other: dict[str, Comparison] = {}
     for name, members in groups:
-        primary[name] = compare(name, members, blocks, arms)
-        sensitivity[name] = compare(name, members, blocks, arms, sensitivity=True)
+        primary[name] = compare(name, members, blocks, arms, quiet=quiet_only)
+        sensitivity[name] = compare(name, members, blocks, arms, sensitivity=True,
+                                    quiet=quiet_only)
+        other[name] = compare(name, members, blocks, arms, quiet=not quiet_only)
     return RunAnalysis(
         records=records,
         seed=seed,
@@ -402,7 +423,15 @@ def analyze(records: RunRecords, *, seed: int = 0) -> RunAnalysis:
         max_waiting=max_waiting(records),
         serving=serving_figures(records),
         noise=noise_figures(_changes_by_arm(primary), _sizes(primary), seed=seed),
+        quiet_only=quiet_only,
+        other=other,
     )
+
+
+def quiet_only_setting(manifest: Mapping[str, Any]) -> bool:
+    """The run's QUIET_ONLY (its manifest's config; False where it has none)."""
+    config = manifest.get("config")
+    return isinstance(config, Mapping) and config.get("quiet_only") is True
 
 
 def _sizes(primary: Mapping[str, Comparison]) -> set[int]:

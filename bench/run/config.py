@@ -207,6 +207,11 @@ class BenchConfig(BaseModel):
                                "settings (a setting given again must match)")
     recover: bool = Field(default=False, description="re-run failed arms later as recovery "
                           "runs (sensitivity analysis only)")
+    quiet_only: bool = Field(
+        default=False, description="restrict the paired analysis to blocks whose host was "
+        "quiet (bench/analysis/host.py: other processes used under a quarter of a core while "
+        "the arms ran); the report shows the analysis over every block beside it where the "
+        "two differ")
     locust_workers: int = Field(default=0, ge=0, description="locust worker processes for the "
                                 "background load (0: one local process)")
     locust_remote_workers: int = Field(

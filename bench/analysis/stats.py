@@ -19,6 +19,7 @@ report names the coverage [min, max] would have had instead of printing it as a 
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -98,6 +99,38 @@ class PairedChange:
     reference_median: float | None
     coverage: float | None = None
     n_censored: int = 0  # blocks where either side was stopped at the wall limit
+    # the least and most the median can be, given the censored blocks (paired_change); None
+    # with the median, -inf / +inf where the censored blocks leave that side unbounded
+    median_low_pct: float | None = None
+    median_high_pct: float | None = None
+
+    @property
+    def median_bound(self) -> str | None:
+        """What the printed median is, given the censored blocks: "exact" (they cannot move
+        it), "at least" `median_low_pct` (the high side is unbounded), "at most"
+        `median_high_pct`, "between" the two (both finite, apart), or "unknown" (unbounded both
+        ways); None without a median."""
+        if self.median_pct is None:
+            return None
+        low = self.median_pct if self.median_low_pct is None else self.median_low_pct
+        high = self.median_pct if self.median_high_pct is None else self.median_high_pct
+        if low == high == self.median_pct:
+            return "exact"
+        if math.isinf(low) and math.isinf(high):
+            return "unknown"
+        if math.isinf(high):
+            return "at least"
+        if math.isinf(low):
+            return "at most"
+        return "between"
+
+    @property
+    def ratio_of_medians_pct(self) -> float | None:
+        """100 * (arm's median / reference's median - 1): context beside the two medians, not
+        the paired change (the median of per-block changes, which can differ from it)."""
+        if self.arm_median is None or not self.reference_median:
+            return None
+        return 100.0 * (self.arm_median / self.reference_median - 1.0)
 
     @property
     def widest_coverage(self) -> float:
@@ -150,7 +183,11 @@ def paired_change(
     -inf, its high end with every arm-censored block at +inf: each is a bound of the true order
     statistic, so the coverage stated still holds (an end that reaches a censored block is
     unbounded). The median and the direction counts are of the observed values, and
-    `n_censored` says how many blocks they rest on a bound."""
+    `n_censored` says how many blocks they rest on a bound. The same bounds bound the median:
+    `median_low_pct` is the median with every reference-censored change at -inf (arm-censored
+    ones at their observed value, a lower bound), `median_high_pct` with every arm-censored one
+    at +inf; where both equal the observed median the censored blocks cannot move it
+    (`PairedChange.median_bound`)."""
     changes = percent_changes(arm, reference)
     n = int(changes.size)
     arm_cut = np.asarray(arm_censored if arm_censored is not None else [False] * n, dtype=bool)
@@ -159,10 +196,10 @@ def paired_change(
     if arm_cut.shape != changes.shape or ref_cut.shape != changes.shape:
         raise ValueError(f"censoring flags differ in length from the {n} paired values")
     interval = median_interval(changes)
+    lows, highs = np.sort(np.where(ref_cut, -np.inf, changes)), np.sort(
+        np.where(arm_cut, np.inf, changes))
     low = high = None
     if interval is not None:
-        lows, highs = np.sort(np.where(ref_cut, -np.inf, changes)), np.sort(
-            np.where(arm_cut, np.inf, changes))
         low, high = float(lows[interval.k - 1]), float(highs[n - interval.k])
     return PairedChange(
         n=n,
@@ -177,6 +214,9 @@ def paired_change(
         reference_median=median_or_none(list(reference)),
         coverage=interval.coverage if interval else None,
         n_censored=int(np.sum(arm_cut | ref_cut)),
+        # lows holds no +inf and highs no -inf, so neither median is nan
+        median_low_pct=float(np.median(lows)) if n else None,
+        median_high_pct=float(np.median(highs)) if n else None,
     )
 
 

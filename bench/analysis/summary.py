@@ -26,12 +26,27 @@ def unbounded(change: PairedChange) -> str | None:
     return "both" if len(ends) == 2 else ends[0] if ends else None
 
 
+def _finite(value: float | None) -> float | None:
+    return None if value is None or math.isinf(value) else value
+
+
+def median_bounds(change: PairedChange) -> dict[str, Any]:
+    """What the median is given the censored blocks: `median_bound` "exact" (they cannot move
+    it), "at least", "at most", "between" or "unknown", and the least and most it can be (null
+    where unbounded)."""
+    return {"median_bound": change.median_bound,
+            "median_low_pct": _finite(change.median_low_pct),
+            "median_high_pct": _finite(change.median_high_pct)}
+
+
 def _paired(change: PairedChange) -> dict[str, Any]:
     return {
         "n": change.n,
         "median": change.arm_median,
         "clean_median": change.reference_median,
+        "ratio_of_medians_pct": change.ratio_of_medians_pct,
         "paired_median_change_pct": change.median_pct,
+        **median_bounds(change),
         "ci_low_pct": change.ci_low_pct,
         "ci_high_pct": change.ci_high_pct,
         "ci_coverage": change.coverage,
@@ -63,6 +78,7 @@ def _arm(analysis: RunAnalysis, comparison: Comparison, arm: str) -> dict[str, A
     if found is not None:
         entry.update({
             "paired_median_change_pct": found.postfork.median_pct,
+            **median_bounds(found.postfork),
             "ci_low_pct": found.postfork.ci_low_pct,
             "ci_high_pct": found.postfork.ci_high_pct,
             "ci_coverage": found.postfork.coverage,

@@ -47,6 +47,7 @@ class Continuation:
     requests: int
     scorer_s: float = 0.0
     scorer_tokens: int = 0
+    censored: bool = False  # stopped at the wall limit: time and tokens are lower bounds
 
     @property
     def total_tokens(self) -> int | None:
@@ -127,7 +128,8 @@ def _continuation(record: ArmRecord, requests: list[RequestRecord],
         cached_tokens=_sum([r.cached_tokens for r in requests]),
         reasoning_tokens=record.reasoning_tokens, success=record.validation,
         requests=len(requests), scorer_s=float(sum(e.get("scorer_s") or 0.0 for e in edits)),
-        scorer_tokens=int(sum(e.get("scorer_tokens") or 0 for e in edits)))
+        scorer_tokens=int(sum(e.get("scorer_tokens") or 0 for e in edits)),
+        censored=record.censored)
 
 
 def success_change(arm: Sequence[bool], clean: Sequence[bool],
@@ -146,9 +148,18 @@ def success_change(arm: Sequence[bool], clean: Sequence[bool],
 
 def _pair(chosen: Sequence[Mapping[str, Continuation]], arm: str,
           value: Callable[[Continuation], float | None]) -> PairedChange:
-    pairs = [(value(b[arm]), value(b[REFERENCE_ARM])) for b in chosen]
-    kept = [(a, c) for a, c in pairs if a is not None and c is not None and c != 0]
-    return paired_change([a for a, _ in kept], [c for _, c in kept])
+    """The paired change, a block stopped at the wall limit on either side flagged as censored
+    (its values are lower bounds: `paired_change` bounds the median and interval by them)."""
+    arms, refs, arm_cut, ref_cut = [], [], [], []
+    for block in chosen:
+        a, c = value(block[arm]), value(block[REFERENCE_ARM])
+        if a is None or c is None or c == 0:
+            continue
+        arms.append(a)
+        refs.append(c)
+        arm_cut.append(block[arm].censored)
+        ref_cut.append(block[REFERENCE_ARM].censored)
+    return paired_change(arms, refs, arm_censored=arm_cut, reference_censored=ref_cut)
 
 
 def compare_policies(records: RunRecords, blocks: Sequence[BlockStatus], arms: Sequence[str],

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from compaction_bench.bench.analysis.paired import POOLED, RunAnalysis, analyze
+from compaction_bench.bench.report.changes import CLEAN_CONTEXT
 from compaction_bench.bench.report.document import Document, Paragraph, Section, Table, to_markdown
 from compaction_bench.bench.report.run_report import change_cell
 from compaction_bench.bench.runfolder import AnalysisError, read_run, regime_sort_key
@@ -57,7 +58,7 @@ def comparison_document(analyses: Sequence[RunAnalysis]) -> Document:
             for r in routers)))
     for name in names:
         found = [a.primary.get(name) for a in analyses]
-        rows.append((name, "clean median", *(
+        rows.append((name, CLEAN_CONTEXT, *(
             "—" if c is None or c.clean_median_s is None
             else f"{c.clean_median_s:.1f} s (n={c.n_blocks})" for c in found)))
         for arm in analyses[0].arms:

@@ -15,6 +15,7 @@ from matplotlib.figure import Figure
 
 from compaction_bench.bench.analysis.latency import regime_spans
 from compaction_bench.bench.analysis.paired import POOLED, Comparison, RunAnalysis
+from compaction_bench.bench.report.changes import median_text
 
 SHORTER = "#1f77b4"   # blue: the arm finished sooner than clean in that block
 LONGER = "#ff7f0e"    # orange: later or equal, as in the study's Figure 2
@@ -69,7 +70,7 @@ def paired_dots(analysis: RunAnalysis, *, sensitivity: bool = False) -> bytes | 
             if change.median_pct is not None:
                 ax.scatter([x + 0.32], [change.median_pct], marker="D", s=46, color="black",
                            zorder=4)
-                note = f"{change.median_pct:+.1f}%"
+                note = median_text(change, 1).replace(" (", "\n(", 1)
                 if change.ci_low_pct is None:
                     note += "\nno CI"
                 ax.annotate(note, (x + 0.46, change.median_pct), fontsize=8, va="center",

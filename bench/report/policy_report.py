@@ -17,6 +17,7 @@ from compaction_bench.bench.analysis.tradeoffs import (
     SuccessChange,
     compare_policies,
 )
+from compaction_bench.bench.report.changes import interval_text, median_text, medians_text
 from compaction_bench.bench.report.document import Bullets, Image, Paragraph, Section, Table
 from compaction_bench.bench.report.pareto import pareto_figure
 
@@ -36,15 +37,17 @@ def policy_figures(analysis: RunAnalysis) -> PolicyFigures:
 
 
 def _change(change: PairedChange, *, digits: int = 0) -> str:
+    """Both medians with their ratio (named: context), then the median of paired changes."""
     if change.n == 0:
         return "n=0"
-    values = (f"{change.arm_median:.{digits}f} vs {change.reference_median:.{digits}f}; "
-              if change.arm_median is not None and change.reference_median is not None else "")
-    median = "n/a" if change.median_pct is None else f"{change.median_pct:+.1f}%"
-    if change.ci_low_pct is None or change.ci_high_pct is None:
+    medians = medians_text(change, digits)
+    values = f"{medians}; median of paired changes " if medians else ""
+    median = median_text(change, 1)
+    interval = interval_text(change)
+    if interval is None:
         return (f"{values}{median} (n={change.n}, no interval below "
                 f"{MIN_BLOCKS_FOR_MEDIAN_INTERVAL})")
-    return f"{values}{median} [{change.ci_low_pct:+.1f}, {change.ci_high_pct:+.1f}] (n={change.n})"
+    return f"{values}{median} {interval} (n={change.n})"
 
 
 def _success(s: SuccessChange) -> str:
@@ -89,7 +92,8 @@ def comparison_section(figures: PolicyFigures) -> Section:
                    _change(r.reasoning_tokens), _success(r.success), _cost(r))
                   for r in comparison.rows),
             f"{regime}: {len(comparison.blocks)} complete block(s). Cells: arm median vs clean "
-            "median; median paired change [95% CI] (n)."))
+            "median with their ratio (context, not the compared figure); median of paired "
+            "changes [95% CI] (n)."))
     if not any(c.blocks for c in figures.comparisons.values()):
         section.add(Paragraph("No complete blocks: nothing to compare (see 'Failures and "
                               "unusable blocks')."))
@@ -180,6 +184,7 @@ def policy_sections(analysis: RunAnalysis) -> list[Section]:
 
 def _paired(change: PairedChange) -> dict[str, Any]:
     return {"n": change.n, "median": change.arm_median, "clean_median": change.reference_median,
+            "ratio_of_medians_pct": change.ratio_of_medians_pct,
             "paired_median_change_pct": change.median_pct, "ci_low_pct": change.ci_low_pct,
             "ci_high_pct": change.ci_high_pct}
 

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from compaction_bench.bench.analysis.paired import POOLED
 from compaction_bench.bench.analysis.replay import ReplayAnalysis, Split
 from compaction_bench.bench.analysis.stats import MIN_BLOCKS_FOR_MEDIAN_INTERVAL
+from compaction_bench.bench.report.changes import interval_text, median_text
 from compaction_bench.bench.report.document import Bullets, Paragraph, Section, Table
 
 
@@ -26,10 +27,10 @@ def _ci(low: float | None, high: float | None) -> str:
 def _split_row(split: Split) -> tuple[str, ...]:
     ci = split.continuation_ci_pct
     return (split.regime if split.regime != POOLED else "pooled", split.arm, str(split.n),
-            f"{_pct(split.total.median_pct)} "
-            f"{_ci(split.total.ci_low_pct, split.total.ci_high_pct)}",
-            f"{_pct(split.history.median_pct)} "
-            f"{_ci(split.history.ci_low_pct, split.history.ci_high_pct)}",
+            f"{median_text(split.total, 1)} "
+            f"{interval_text(split.total) or _ci(None, None)}",
+            f"{median_text(split.history, 1)} "
+            f"{interval_text(split.history) or _ci(None, None)}",
             f"{_pct(split.continuation_median_pct)} "
             f"{_ci(ci[0], ci[1]) if ci else _cut(split) or _ci(None, None)}")
 

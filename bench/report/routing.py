@@ -19,6 +19,7 @@ from compaction_bench.bench.analysis.replicas import (
     continuation_cache,
     run_replica_account,
 )
+from compaction_bench.bench.report.changes import CLEAN_CONTEXT
 from compaction_bench.bench.report.compare import check_comparable
 from compaction_bench.bench.report.document import (
     Bullets,
@@ -104,8 +105,8 @@ def _change_section(runs: Mapping[str, RunAnalysis]) -> Section:
                     rate_cell(rate.first), rate_cell(rate.later))
                 if arm == REFERENCE_ARM:
                     clean = ("—" if comparison is None or comparison.clean_median_s is None
-                             else f"reference: median {comparison.clean_median_s:.1f} s "
-                             f"(n={comparison.n_blocks})")
+                             else f"reference: {CLEAN_CONTEXT} "
+                             f"{comparison.clean_median_s:.1f} s (n={comparison.n_blocks})")
                     rows.append((regime, arm, policy, clean, "—", *hits))
                     continue
                 found = None if comparison is None else comparison.arms.get(arm)

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from compaction_bench.bench.analysis.paired import RunAnalysis
 from compaction_bench.bench.analysis.power import MAX_BLOCKS, Sensitivity
 from compaction_bench.bench.analysis.stats import Distribution
+from compaction_bench.bench.report.changes import interval_text, median_text
 from compaction_bench.bench.report.document import Bullets, Image, Paragraph, Section, Table
 from compaction_bench.loadgen.merge import pending_remote
 
@@ -109,8 +110,8 @@ def trust_sections(analysis: RunAnalysis) -> list[Section]:
                if "placebo" in c.arms and not (name == "pooled" and len(analysis.regimes) == 1)]
     if placebo:
         cells = "; ".join(
-            f"median {c.median_pct:+.2f}% [{c.ci_low_pct:+.2f}, {c.ci_high_pct:+.2f}] (n={c.n})"
-            if c.ci_low_pct is not None and c.ci_high_pct is not None and c.median_pct is not None
+            f"median {median_text(c)} {interval_text(c, 2)} (n={c.n})"
+            if interval_text(c) is not None and c.median_pct is not None
             else f"n={c.n}, no interval" for c in placebo)
         reach.add(Paragraph(f"Placebo arm (clean's file under another name, with its own "
                             f"sampling seed and cache salt: an A/A): {cells}. Its "

@@ -78,7 +78,8 @@ def test_the_report_shows_the_comparison_and_the_pareto_figure(tmp_path: Path) -
     markdown = files.markdown.read_text()
     section = markdown.split("## Policy comparison")[1].split("## ")[0]
     # 4 blocks: no interval of a median below 6 (issue 22), and the cell says so
-    assert "| entropy | 80.0 vs 100.0; -20.0% (n=4, no interval below 6) |" in section
+    assert ("| entropy | medians 80.0 vs clean 100.0 (ratio of medians -20.0%); median of paired "
+            "changes -20.0% (n=4, no interval below 6) |") in section
     assert "3/4 vs clean 4/4; -25 pp [" in section and "scorer 0.25 s, 500 tokens (cpu)" in section
     assert "(plots/policy_pareto.png)" in markdown
     summary = json.loads(files.summary.read_text())

@@ -18,7 +18,7 @@ def test_compares_matching_runs(make_run: Callable[..., Path], tmp_path: Path) -
     text = compare_runs([a, b], out)
     assert out.read_text() == text
     assert "| Regime | Arm | run-a | run-b |" in text
-    assert "| shared | clean median | — |" in text
+    assert "| shared | clean median (context, not the change's base) | — |" in text
     assert "(n=6); faster 6/6" in text
     assert "router policy" not in text  # neither ran through a router
 

@@ -60,7 +60,7 @@ def test_the_comparison_shows_each_policys_change_cache_and_replicas(
     # the synthetic arms' requests report 60% of external's prompts cached, 90% of clean's
     assert all(row.split(" | ")[5].startswith("60% (n=6)") for row in rows)
     clean = [line for line in text.splitlines() if line.startswith("| dedicated | clean |")]
-    assert len(clean) == 2 and all("reference: median" in row for row in clean)
+    assert len(clean) == 2 and all("reference: clean median (context" in row for row in clean)
     # per-replica traffic per policy, from the counters
     assert "## Replicas under round_robin" in text and "## Replicas under consistent_hash" in text
     assert "| http://r1 | 70 (88%) | 70 | 14000 | 12000 | 86% |" in text

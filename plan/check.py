@@ -48,7 +48,13 @@ from compaction_bench.common.resampling import interval
 from compaction_bench.common.resampling import quantile as hd_quantile
 from compaction_bench.plan.capacity import _levels, _resample
 from compaction_bench.plan.curve import MonotoneCurve
-from compaction_bench.plan.observations import SWEEP, Observations, observe
+from compaction_bench.plan.observations import (
+    HOST_NOTE,
+    SWEEP,
+    Observations,
+    contended_note,
+    observe,
+)
 from compaction_bench.plan.planner import Plan, build_plan
 from compaction_bench.plan.settings import PlanConfig, PlanError
 
@@ -218,6 +224,8 @@ def check_plan(config: PlanConfig, check_runs: list[Path], replicas: int | None 
         fleet = fleet_of(check, replicas)
         if (note := host_share_note(plan, check)) is not None:
             plan.notes.append(note)
+        if (note := contended_note(check)) is not None:
+            plan.notes.append(note)
         if fleet.replicas is None:
             raise PlanError(f"{path}/manifest.json: names no replicas (config replica_urls, "
                             "selfcheck.replicas); pass --replicas R")
@@ -250,7 +258,7 @@ def check_markdown(plan: Plan, rows: list[CheckRow]) -> str:
              f"{100 * plan.config.confidence:g}% bootstrap interval; SLO "
              f"{plan.config.target.label}; error = (predicted - measured) / measured "
              "(plan/check.py).", ""]
-    lines += [f"{note}\n" for note in plan.notes if note.startswith(SHARE_NOTE)]
+    lines += [f"{note}\n" for note in plan.notes if note.startswith((SHARE_NOTE, HOST_NOTE))]
     cells = [[r.policy, str(r.replicas), r.arm, f"{r.level}{' (planned)' if r.planned else ''}",
               f"{_fmt(r.predicted_s)}{' (extrapolated)' if r.extrapolated else ''}"
               f"{' (even split)' if r.model != 'fleet model' else ''}"
@@ -267,6 +275,13 @@ def check_markdown(plan: Plan, rows: list[CheckRow]) -> str:
     lines += table(["policy", "replicas", "arm", "N", f"predicted {q} s", f"measured {q} s",
                     "SLO s", "held", "error", f"even split {q} s (error)", "n", "run"], cells)
     return "\n".join(lines) + "\n"
+
+
+def check_notes(markdown: Path) -> list[str]:
+    """The check's host notes (contended cells of the plan's run or a check run), for the
+    command line to print beside its rows."""
+    return [line for line in markdown.read_text(encoding="utf-8").splitlines()
+            if line.startswith(HOST_NOTE)]
 
 
 def plan_settings(run_dir: Path) -> PlanConfig:

@@ -61,6 +61,7 @@ def plan(
         "make serve REPLICAS=R's on port 8000)")] = None,
 ) -> None:
     """Write plan.md, plan.json and plots/plan_*.png into RUN_DIR."""
+    from compaction_bench.plan.observations import HOST_NOTE
     from compaction_bench.plan.planner import write_plan
 
     config = PlanConfig(run_dir=run_dir, slo=slo, slo_time=slo_time,  # type: ignore[arg-type]
@@ -71,6 +72,9 @@ def plan(
                         fleet_policies=_words(fleet_policies),
                         replica_urls=_words(replica_urls) if replica_urls else None)
     files = write_plan(config)
+    for line in files.markdown.read_text(encoding="utf-8").splitlines():
+        if line.startswith(f"> {HOST_NOTE}"):  # contended cells: said where the user looks
+            typer.echo(line.removeprefix("> "))
     typer.echo(f"plan:  {files.markdown}")
     typer.echo(f"json:  {files.json}")
     if files.plots:
@@ -90,7 +94,7 @@ def plan_check(
     """Check a one-replica plan against runs through the router: predicted vs measured SLO
     quantile per arm and routing policy, with the plan's own settings (its plan.json), written
     to plan_check.md/json in PLAN_RUN; the plan itself is not rewritten."""
-    from compaction_bench.plan.check import plan_settings, write_check
+    from compaction_bench.plan.check import check_notes, plan_settings, write_check
 
     config = plan_settings(plan_run)
     markdown, document, rows = write_check(config, check_runs, replicas)
@@ -102,6 +106,8 @@ def plan_check(
         typer.echo(f"{r.policy} x{r.replicas} {r.arm} N={r.level}: predicted {predicted}, "
                    f"measured {measured}, SLO {'held' if r.held else 'MISSED'}, prediction "
                    f"error {error} (n={r.n})")
+    for note in check_notes(markdown):
+        typer.echo(note)
     typer.echo(f"check: {markdown}")
     typer.echo(f"json:  {document}")
     typer.echo(f"plan.md is unchanged; make the plan again (make plan RUN={plan_run.name}) "

@@ -31,6 +31,7 @@ from compaction_bench.transport.request import RequestRecord
 
 SWEEP = "sweep"
 SWEEP_FILE = "sweep.jsonl"
+HOST_NOTE = "Host contended"
 GPU_FILE = "gpu.jsonl"
 # The embedded CPU profile's model is far too small to reason (serve/profiles/cpu-tiny.toml).
 NON_REASONING_PROFILES = ("cpu-tiny",)
@@ -114,6 +115,9 @@ class Observations:
     issues: int
     has_requests: bool
     records: RunRecords
+    # sweep and search cells whose host was contended (their sweep.jsonl line's `host`), named
+    # "arm N=level: figure" (issue 30: a busy machine makes a cell's times too long)
+    contended: tuple[str, ...] = ()
 
     @property
     def is_sweep(self) -> bool:
@@ -260,6 +264,32 @@ def _last_passes(path: Path) -> tuple[dict[tuple[str, int], int], dict[tuple[str
     return passes, windows
 
 
+def contended_cells(path: Path, passes: Mapping[tuple[str, int], int]) -> tuple[str, ...]:
+    """The finished cells (the pass the plan reads) whose host verdict was contended, each as
+    'arm N=level: other processes used ...'."""
+    if not (path / SWEEP_FILE).is_file():
+        return ()
+    found = []
+    for obj in read_jsonl(path / SWEEP_FILE).objects:
+        arm, level, host = obj.get("arm"), _int(obj.get("level")), obj.get("host")
+        if (obj.get("status") != "done" or not isinstance(arm, str) or level is None
+                or not isinstance(host, Mapping) or host.get("verdict") != "contended"
+                or passes.get((arm, level)) != (_int(obj.get("cell_pass")) or 1)):
+            continue
+        found.append(f"{arm} N={level}: {host.get('figure') or 'contended'}")
+    return tuple(dict.fromkeys(found))
+
+
+def contended_note(obs: Observations) -> str | None:
+    """The note naming a run's contended cells, or None where there are none."""
+    if not obs.contended:
+        return None
+    return (f"{HOST_NOTE} in {obs.run_id} while {len(obs.contended)} cell(s) ran: "
+            f"{'; '.join(obs.contended)}. Other processes on this machine took CPU, so these "
+            "cells' times are longer than the server alone gives: measure them again on a "
+            "quiet machine")
+
+
 def _power(path: Path) -> tuple[tuple[tuple[float, float], ...] | None, tuple[str, ...]]:
     """(t_s, watts summed over GPUs) from `gpu.jsonl`, or None where telemetry was off."""
     if not (path / GPU_FILE).is_file():
@@ -324,4 +354,5 @@ def observe(path: Path) -> Observations:
         run_id=records.run_id, path=path, manifest=records.manifest,
         continuations=tuple(kept), excluded=excluded, engine=_engine(records.manifest, names),
         windows=windows, power=power, gpu_names=names, issues=len(records.issues),
-        has_requests=bool(records.requests), records=records)
+        has_requests=bool(records.requests), records=records,
+        contended=contended_cells(path, passes))

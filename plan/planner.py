@@ -28,7 +28,7 @@ from compaction_bench.plan.economics import (
 )
 from compaction_bench.plan.fleetmodel import FleetPlan, plan_fleet
 from compaction_bench.plan.fleetsim import SimulatedLevel, predict_levels, traces
-from compaction_bench.plan.observations import SWEEP, Observations, observe
+from compaction_bench.plan.observations import SWEEP, Observations, contended_note, observe
 from compaction_bench.plan.settings import PlanConfig, PlanError
 
 REFERENCE = "clean"
@@ -196,6 +196,8 @@ def _reach(obs: Observations, capacity: dict[str, ArmCapacity], prices: Prices
                       f"ARMS={REFERENCE},...")
     if prices.gpu_hour_usd is None:
         notes.append("costs are in GPU-seconds: pass GPU_HOUR_USD for dollars")
+    if (host := contended_note(obs)) is not None:
+        notes.append(host)
     return cannot, notes
 
 

@@ -65,8 +65,16 @@ def paired_dots(analysis: RunAnalysis, *, sensitivity: bool = False) -> bytes | 
             colors = [SHORTER if v < 0 else LONGER for v in values]
             ax.scatter(x + jitter, values, s=22, c=colors, alpha=0.75, linewidths=0, zorder=2)
             if change.ci_low_pct is not None and change.ci_high_pct is not None:
-                ax.vlines(x + 0.32, change.ci_low_pct, change.ci_high_pct, color="black",
-                          linewidth=2, zorder=3)
+                # an end a censored block left unbounded runs past the data, with an arrow
+                low, high = change.ci_low_pct, change.ci_high_pct
+                reach = max(1.0, 0.1 * float(np.ptp(values))) if values.size else 1.0
+                shown_low = low if np.isfinite(low) else float(values.min()) - reach
+                shown_high = high if np.isfinite(high) else float(values.max()) + reach
+                ax.vlines(x + 0.32, shown_low, shown_high, color="black", linewidth=2, zorder=3)
+                for end, shown, marker in ((low, shown_low, "v"), (high, shown_high, "^")):
+                    if not np.isfinite(end):
+                        ax.scatter([x + 0.32], [shown], marker=marker, s=40, color="black",
+                                   zorder=3)
             if change.median_pct is not None:
                 ax.scatter([x + 0.32], [change.median_pct], marker="D", s=46, color="black",
                            zorder=4)

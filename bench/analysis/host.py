@@ -58,6 +58,7 @@ class HostPoint:
     own_s: float
     n_cpus: int
     steal_s: float | None = None
+    first: bool = False  # a sampler's first line: its counters start afresh (a resumed run)
 
 
 def host_points(lines: Iterable[Mapping[str, Any]]) -> list[HostPoint]:
@@ -72,7 +73,8 @@ def host_points(lines: Iterable[Mapping[str, Any]]) -> list[HostPoint]:
         steal = line.get("steal_s")
         out.append(HostPoint(float(line["t_s"]), float(line["busy_s"]), float(line["own_s"]),
                              cpus, float(steal) if isinstance(steal, int | float)
-                             and not isinstance(steal, bool) else None))
+                             and not isinstance(steal, bool) else None,
+                             line.get("first") is True))
     return sorted(out, key=lambda p: p.t_s)
 
 
@@ -132,8 +134,9 @@ def host_verdict(points: Sequence[HostPoint], start: float, end: float) -> HostV
         return HostVerdict(UNKNOWN, 0, 0.0, why="no host samples (host.jsonl is missing or "
                            "empty: a run from before host sampling, or psutil could not read "
                            "the host's counters)")
+    # no interval across two samplers (a resumed run starts its own counters afresh)
     pairs = [(a, b) for a, b in itertools.pairwise(points)
-             if b.t_s > a.t_s and min(b.t_s, end) > max(a.t_s, start)]
+             if b.t_s > a.t_s and not b.first and min(b.t_s, end) > max(a.t_s, start)]
     bounding = {p.t_s for pair in pairs for p in pair} | {
         p.t_s for p in points if start <= p.t_s <= end}
     covered = sum(min(b.t_s, end) - max(a.t_s, start) for a, b in pairs)

@@ -6,7 +6,8 @@ may use: this process's affinity), `busy_s` (their cumulative busy CPU seconds: 
 idle, iowait and steal, from psutil.cpu_times), `steal_s` (cumulative steal, null where the
 kernel reports none), `own_s` (the CPU seconds of the run's own processes since the first
 sample), `own_processes` and `server_pids` (the served model's process-tree roots found on this
-host). Where psutil cannot read the host's counters the file gets one line
+host), and `first: true` on a sampler's first line (a resumed run's counters start
+afresh). Where psutil cannot read the host's counters the file gets one line
 `{"t_s", "telemetry": "off", "reason"}` and nothing is sampled.
 
 The run's own processes: this process and its descendants, plus the process tree of every
@@ -213,7 +214,10 @@ class HostSampler:
             self._own_pids = frozenset(pid for pid, _ in procs)
             row = {"t_s": t_s, "n_cpus": self._n_cpus, "busy_s": busy, "steal_s": steal,
                    "own_s": self._own_s, "own_processes": len(procs),
-                   "server_pids": list(self._servers)}
+                   "server_pids": list(self._servers),
+                   # this sampler's first line: no interval reaches back past it (a resumed
+                   # run's sampler starts its counters afresh)
+                   **({"first": True} if self.samples == 0 else {})}
             self.writer.write(row)
             self.samples += 1
             return row

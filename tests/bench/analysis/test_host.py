@@ -126,3 +126,16 @@ def test_the_sampler_writes_the_run_clock_and_counts_this_process(tmp_path: Path
     assert rows[-1]["own_s"] > 0.2 and rows[-1]["n_cpus"] >= 1
     assert rows[-1]["busy_s"] - rows[0]["busy_s"] >= rows[-1]["own_s"] * 0.5
     assert len(read_host(tmp_path)) == len(rows)
+
+
+def test_a_resumed_runs_fresh_counters_make_no_interval_with_the_earlier_ones() -> None:
+    """A resumed run's sampler starts own_s at 0 on the same run clock: the stretch between the
+    two invocations is no interval (it would read as a huge foreign figure)."""
+    earlier = series(0.0, seconds=5)
+    later = series(0.0, start=20.0, seconds=5)
+    later[0]["first"] = True
+    for line in later:
+        line["busy_s"] += 5000.0  # the host's counters ran on; the own ones restarted
+    points = host_points(earlier + later)
+    assert host_verdict(points, 21.0, 24.0).verdict == QUIET
+    assert host_verdict(points, 6.0, 19.0).verdict == UNKNOWN  # the gap: no interval

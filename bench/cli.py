@@ -89,11 +89,11 @@ def run(
         for name, variable, default, description in rows:
             typer.echo(f"{name:<{width}}  {variable:<24} {default or '-':<18} {description}")
         return
-    from compaction_bench.bench.report.run_report import write_report
-    from compaction_bench.bench.run.runner import run_bench  # heavy imports only here
+    chosen = bench_config(settings or [], config, from_env)  # bad settings fail before
+    from compaction_bench.bench.report.run_report import write_report  # the heavy imports
+    from compaction_bench.bench.run.runner import run_bench
 
-    outcome = run_bench(bench_config(settings or [], config, from_env),
-                        report=lambda run_dir, seed: write_report(run_dir, seed=seed))
+    outcome = run_bench(chosen, report=lambda run_dir, seed: write_report(run_dir, seed=seed))
     if outcome.report is not None:
         _print_outcome(outcome.report)
     if outcome.aborted:

@@ -10,8 +10,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from compaction_bench.bench.analysis.paired import POOLED, RunAnalysis, analyze
+from compaction_bench.bench.analysis.repeats import CONDITIONAL, spread_of
 from compaction_bench.bench.report.changes import CLEAN_CONTEXT
 from compaction_bench.bench.report.document import Document, Paragraph, Section, Table, to_markdown
+from compaction_bench.bench.report.repeats import spread_text
 from compaction_bench.bench.report.run_report import change_cell
 from compaction_bench.bench.runfolder import AnalysisError, read_run, regime_sort_key
 from compaction_bench.common.files import write_text_atomic
@@ -49,18 +51,19 @@ def comparison_document(analyses: Sequence[RunAnalysis]) -> Document:
     if any(len(a.regimes) > 1 for a in analyses):
         names.append(POOLED)
     rows = [
-        ("profile", "", *(str(a.records.manifest.get("profile", "not stated")) for a in analyses)),
+        ("profile", "", *(str(a.records.manifest.get("profile", "not stated")) for a in analyses),
+         ""),
     ]
     routers = [a.records.manifest.get("router") for a in analyses]
     if any(isinstance(r, dict) for r in routers):  # runs through a router: which policy
         rows.append(("router policy", "", *(
             str(r.get("policy", "not stated")) if isinstance(r, dict) else "one server"
-            for r in routers)))
+            for r in routers), ""))
     for name in names:
         found = [a.primary.get(name) for a in analyses]
         rows.append((name, CLEAN_CONTEXT, *(
             "—" if c is None or c.clean_median_s is None
-            else f"{c.clean_median_s:.1f} s (n={c.n_blocks})" for c in found)))
+            else f"{c.clean_median_s:.1f} s (n={c.n_blocks})" for c in found), ""))
         for arm in analyses[0].arms:
             if arm == "clean":
                 continue
@@ -70,13 +73,15 @@ def comparison_document(analyses: Sequence[RunAnalysis]) -> Document:
                 cells.append("—" if change is None else
                              f"{change_cell(change.postfork, with_n=True)}; faster "
                              f"{change.postfork.n_faster}/{change.postfork.n}")
-            rows.append((name, arm, *cells))
+            rows.append((name, arm, *cells, spread_text(spread_of(name, arm, found))))
     task = analyses[0].records.manifest.get("task", "not stated")
     section = Section(f"Task {task}: postfork marginal time, complete original blocks").add(
         Paragraph("Paired median change vs clean with its 95% order-statistic interval over "
                   "blocks; each run is analysed on its own blocks. Pooled rows pool each run's own "
-                  "pooled_regimes."),
-        Table(("Regime", "Arm", *(a.run_id for a in analyses)), tuple(rows)),
+                  "pooled_regimes. The last column is the spread between the runs: the highest "
+                  "run's median minus the lowest's. " + CONDITIONAL),
+        Table(("Regime", "Arm", *(a.run_id for a in analyses), "spread between runs"),
+              tuple(rows)),
     )
     return Document("Run comparison: " + " vs ".join(a.run_id for a in analyses), (section,))
 

@@ -88,8 +88,10 @@ class BlockSettings:
     records: tuple[str, ...] = ()
 
     def record_for(self, block: int) -> str | None:
-        """The replay source block `block` replays (the records in turn); None for agents."""
-        return self.records[(block - 1) % len(self.records)] if self.records else None
+        """The replay source block `block` replays (the records in turn, by the block's position
+        in its run under REPEAT); None for agents."""
+        position = self.config.position(block)
+        return self.records[(position - 1) % len(self.records)] if self.records else None
 
 
 @dataclass(frozen=True)
@@ -261,7 +263,7 @@ def run_block(arms: list[Arm], *, settings: BlockSettings, regime: str, block: i
                               read_timeout_s=config_.request_timeout_s)
 
     def one(arm: Arm) -> None:
-        seed = arm_seed(config, block, arm.name, attempt)
+        seed = arm_seed(config, config.position(block), arm.name, attempt)
         context = AttemptContext(regime=regime, block=block, attempt=attempt, seed=seed,
                                  ledger=settings.ledger, origin_s=writer.origin,
                                  on_record=lambda r: writer.request(
@@ -272,7 +274,7 @@ def run_block(arms: list[Arm], *, settings: BlockSettings, regime: str, block: i
         try:
             arm_config, salt = attempt_config(arm, seed)
             clean_config = None if clean is None else attempt_config(
-                clean, arm_seed(config, block, clean.name, attempt))[0]
+                clean, arm_seed(config, config.position(block), clean.name, attempt))[0]
 
             def record_request(record: RequestRecord, _: PreparedRequest) -> None:
                 writer.request(record, regime=regime, block=block, source=arm.name,
@@ -341,6 +343,7 @@ def run_block(arms: list[Arm], *, settings: BlockSettings, regime: str, block: i
                         order=tuple(a.name for a in order),
                         # the sampling seed the block's arms used (clean's: common to every arm
                         # but the placebo under SEEDS=common; each arm's own is in its record)
-                        seed=arm_seed(config, block, REFERENCE, attempt), started_s=started,
+                        seed=arm_seed(config, config.position(block), REFERENCE, attempt),
+                        started_s=started,
                         released_s=released, ended_s=clock(), block_pass=block_pass,
                         record=record_name)

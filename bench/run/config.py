@@ -53,7 +53,7 @@ REPLAY_ONLY_ARMS = ("external-history",)
 # The settings that make a run what it is: a resumed run takes them from its manifest.
 RUN_SETTINGS = ("regime", "source", "records", "side_by_side", "tool_time", "task", "arms",
                 "seed", "seeds", "cache", "protocol", "rewrite_cache", "step_limit", "prompt",
-                "blocks", "external_url", "locust_workers", "locust_remote_workers",
+                "blocks", "repeat", "external_url", "locust_workers", "locust_remote_workers",
                 "locust_master", "speculative", "expert_parallel",
                 "stream_deadline_s", "compressor_deadline_s", "arm_wall_s", "sweep",
                 "fast_start", "token_ids", "router_policy", "slo", "search")
@@ -138,6 +138,11 @@ class BenchConfig(BaseModel):
     blocks: int | None = Field(default=None, gt=0, description="how many blocks (default "
                                "dedicated/shared/overloaded: 5/5/25 on GPU profiles; on CPU "
                                "6/6/2 for replay, 2/2/1 for agents)")
+    repeat: int = Field(default=1, ge=1, le=20, description="run the same configuration "
+                        "this many times, interleaved block by block (run 1's block 1, run 2's "
+                        "block 1, ..., run 1's block 2, ...): each run's block j has block j's "
+                        "seeds and record, its own cache; the report shows the spread between "
+                        "the runs beside the interval (blocks stays per run)")
     profile: str = Field(default="auto", description="server profile, or 'auto' for this "
                          "machine")
     port: int = Field(default=8000, gt=0, lt=65536, description="the port of the server the "
@@ -289,6 +294,15 @@ class BenchConfig(BaseModel):
                              "65535, e.g. LOCUST_MASTER=0.0.0.0:5557")
         return value
 
+    @field_validator("repeat")
+    @classmethod
+    def _repeat(cls, value: int, info: ValidationInfo) -> int:
+        regime = info.data.get("regime")
+        if value > 1 and regime in (SWEEP, SEARCH):
+            raise ValueError(f"REPEAT={value} repeats blocks; REGIME={regime} runs fleets, not "
+                             "blocks: run the sweep again as its own run, or drop REPEAT")
+        return value
+
     @field_validator("base_url", "external_url")
     @classmethod
     def _url(cls, value: str | None) -> str | None:
@@ -349,6 +363,15 @@ class BenchConfig(BaseModel):
         together = self.side_by_side if self.side_by_side is not None else source == "agent"
         return self.model_copy(update={"source": source, "arms": arms, "cache": cache,
                                        "side_by_side": together})
+
+    def position(self, block: int) -> int:
+        """Block `block`'s position in its run under REPEAT (blocks interleave run by run): its
+        seeds and replay record are those of that block of a run without REPEAT."""
+        return (block - 1) // self.repeat + 1
+
+    def repeat_of(self, block: int) -> int:
+        """Which of the REPEAT runs block `block` belongs to (1..repeat)."""
+        return (block - 1) % self.repeat + 1
 
     def protocol_for(self, profile: Profile) -> Literal["strict", "lenient"]:
         if self.protocol is not None:

@@ -105,12 +105,13 @@ class Blocks:
         config, profile, manifest = session.config, session.profile, session.manifest
         self.users = regime_users(config.regime, profile)
         self.done, self.passes = block_passes(session.run_dir, config.regime, config.arms)
-        self.total = config.blocks or (int(manifest["regime"]["blocks"]) if manifest
-                                       else default_blocks(config.regime, profile,
-                                                           config.source))
+        # every block of every REPEAT run (the manifest's figure already counts them)
+        self.total = config.blocks * config.repeat if config.blocks else (
+            int(manifest["regime"]["blocks"]) if manifest
+            else default_blocks(config.regime, profile, config.source) * config.repeat)
         with session.phases.phase("service_probe"):
             self.probe = service_probe(session.url, profile, self.users)
-        return {"users": self.users, "blocks": self.total,
+        return {"users": self.users, "blocks": self.total, "repeat": config.repeat,
                 "service_probe": asdict(self.probe) if self.probe else None}
 
     def run(self, session: Session) -> tuple[list[ArmRecord], str | None]:
@@ -197,7 +198,7 @@ def _one_block(arms: list[Arm], settings: BlockSettings, block: int, writer: Run
     block record: its failures are the server's, not the arms', so `RESUME` runs it again in
     full as its next pass (the arm records stay, as pass 1)."""
     config = settings.config
-    rng = np.random.default_rng([config.seed, block])
+    rng = np.random.default_rng([config.seed, config.position(block)])  # REPEAT: as run 1's
     for arm in arms:
         progress.arm_started(arm.name)
     try:

@@ -21,6 +21,19 @@ def test_compares_matching_runs(make_run: Callable[..., Path], tmp_path: Path) -
     assert "| shared | clean median (context, not the change's base) | — |" in text
     assert "(n=6); faster 6/6" in text
     assert "router policy" not in text  # neither ran through a router
+    # the spread between the runs: the highest median minus the lowest, per arm and regime
+    from compaction_bench.bench.analysis.paired import analyze
+    from compaction_bench.bench.runfolder import read_run
+
+    changes = [analyze(read_run(r)).primary["dedicated"].arms["self"].postfork for r in (a, b)]
+    medians = [c.median_pct for c in changes if c.median_pct is not None]
+    assert len(medians) == 2
+    low, high = min(medians), max(medians)
+    row = next(line for line in text.splitlines() if line.startswith("| dedicated | self |"))
+    assert row.rstrip(" |").endswith(f"{high - low:.1f} points ({low:+.1f}% to {high:+.1f}%)")
+    shared = next(line for line in text.splitlines() if line.startswith("| shared | self |"))
+    assert "not stated: a run has no paired blocks" in shared  # run-a has no shared blocks
+    assert "not the variation between runs, hosts or days" in text
 
 
 def test_runs_through_routers_show_their_policy(make_run: Callable[..., Path]) -> None:

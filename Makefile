@@ -185,7 +185,9 @@ tier_workers_integration = 0
 # every sandbox process on the machine, so another worker's agent boxes would read as escapes.
 # The fake engine's timing tests (30 ms tolerances) and fleet-truth (a capacity measured on fake
 # replicas) run alone too: four workers on two cores make the fakes' wake-ups late.
-ALONE := tests/bench/faults tests/loadgen/test_fake_engine.py tests/plan/test_truth.py
+# The host-contention test runs alone: sibling workers would read as other processes.
+ALONE := tests/bench/faults tests/loadgen/test_fake_engine.py tests/plan/test_truth.py \
+  tests/bench/test_host_contention.py
 # Both parts run; the tier's code is the first failing part's.
 tier_alone_e2e = $(PY) -m pytest -m "$(tier_marker_e2e)" $(ALONE) $(PYTEST_ARGS)
 pytest_tier = ( $(PY) -m pytest -m "$(tier_marker_$(1))" $(call xdist,$(tier_workers_$(1))) \

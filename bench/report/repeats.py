@@ -55,3 +55,11 @@ def repeat_sections(analysis: RunAnalysis) -> tuple[Section, ...]:
         Table(("Regime", "Arm", *(f"run {r}" for r in range(1, k + 1)), "spread of medians",
                "all runs' blocks: median [95% interval]", "runs' medians outside it"),
               tuple(rows))),)
+
+
+def repeat_summary(analysis: RunAnalysis) -> dict[str, object]:
+    """summary.json's `repeat`, `between_runs` (one entry per regime and arm where REPEAT > 1,
+    else empty) and `interval_conditional_on`."""
+    return {"repeat": repeat_count(analysis.records.manifest),
+            "between_runs": [s.to_json() for s in repeat_spreads(analysis)],
+            "interval_conditional_on": CONDITIONAL}

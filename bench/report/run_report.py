@@ -21,6 +21,7 @@ from compaction_bench.bench.analysis.paired import (
     RunAnalysis,
     analyze,
 )
+from compaction_bench.bench.analysis.repeats import CONDITIONAL
 from compaction_bench.bench.analysis.replay import analyze_replay, identical_arms
 from compaction_bench.bench.analysis.serving import requests_table
 from compaction_bench.bench.analysis.stats import (
@@ -31,6 +32,12 @@ from compaction_bench.bench.analysis.stats import (
 from compaction_bench.bench.analysis.study import import_study
 from compaction_bench.bench.analysis.summary import build_summary
 from compaction_bench.bench.report import plots
+from compaction_bench.bench.report.changes import (
+    CLEAN_CONTEXT,
+    interval_text,
+    median_text,
+    medians_text,
+)
 from compaction_bench.bench.report.document import (
     Bullets,
     Document,
@@ -41,7 +48,9 @@ from compaction_bench.bench.report.document import (
     to_html,
     to_markdown,
 )
+from compaction_bench.bench.report.host_report import host_line, host_sections, host_summary
 from compaction_bench.bench.report.policy_report import policy_sections, policy_summary
+from compaction_bench.bench.report.repeats import repeat_sections, repeat_summary
 from compaction_bench.bench.report.replay_sections import replay_sections
 from compaction_bench.bench.report.replicas import replica_sections
 from compaction_bench.bench.report.sections import (
@@ -106,18 +115,18 @@ def pct(value: float | None) -> str:
 
 
 def change_cell(change: PairedChange, *, with_n: bool = False) -> str:
-    """Median paired change with its interval, or the reason there is none."""
+    """Median paired change with its interval, or the reason there is none. Where censored
+    blocks (stopped at the wall limit) can move the median, the bound they leave is printed
+    instead, with their count; an interval's end they leave open is written in words."""
     if change.n == 0:
         return "no paired blocks (n=0)"
     n = f" (n={change.n})" if with_n else ""
-    if change.ci_low_pct is None or change.ci_high_pct is None:
-        return (f"{pct(change.median_pct)} (n={change.n}: no interval below "
+    interval = interval_text(change)
+    if interval is None:
+        return (f"{median_text(change)} (n={change.n}: no interval below "
                 f"{MIN_BLOCKS_FOR_MEDIAN_INTERVAL} blocks; [min, max] covers the median "
                 f"{change.widest_coverage:.1%} only)")
-    cut = (f"; {change.n_censored} of {change.n} blocks stopped at the wall limit: an end "
-           f"they reach is unbounded" if change.n_censored else "")
-    return (f"{pct(change.median_pct)} [{change.ci_low_pct:+.1f}, {change.ci_high_pct:+.1f}]{n}"
-            f"{cut}")
+    return f"{median_text(change)} {interval}{n}"
 
 
 def interval_line(analysis: RunAnalysis) -> str:
@@ -156,7 +165,7 @@ def comparison_table(
 ) -> Table:
     """Table-12 style: one row per regime (and pooled), one change column per arm."""
     others = [a for a in analysis.arms if a != REFERENCE_ARM]
-    header = ("Regime", "Blocks", "clean median",
+    header = ("Regime", "Blocks", CLEAN_CONTEXT,
               *(f"{arm_label(analysis, a)}: change [95% CI]" for a in others),
               *(f"{a}: faster" for a in others))
     rows = []
@@ -189,13 +198,18 @@ def _block_row(analysis: RunAnalysis, block: BlockStatus) -> tuple[str, ...]:
         own = [r for r in records if r.arm == arm]
         parts = []
         for r in own:
-            text = f"{r.postfork_s:.2f} s"
+            # a time stopped at the wall limit is a lower bound of the true one
+            text = f"≥ {r.postfork_s:.2f} s (censored)" if r.censored else f"{r.postfork_s:.2f} s"
             if r.attempt != "original":
                 text = f"{r.attempt}: {text}"
             if not r.complete:
                 text += f" {r.status}"
             elif arm != REFERENCE_ARM and clean is not None and clean.postfork_s:
-                text += f" ({pct(100 * (r.postfork_s - clean.postfork_s) / clean.postfork_s)})"
+                change = pct(100 * (r.postfork_s - clean.postfork_s) / clean.postfork_s)
+                bound = {(True, False): "≥ ", (False, True): "≤ ",
+                         (True, True): "both censored: observed "}.get(
+                    (r.censored, clean.censored), "")
+                text += f" ({bound}{change})"
             parts.append(text)
         cells.append("\n".join(parts) or "missing")
     if block.complete:
@@ -215,10 +229,12 @@ def _block_row(analysis: RunAnalysis, block: BlockStatus) -> tuple[str, ...]:
 
 
 def _token_cell(change: PairedChange) -> str:
+    """Both medians side by side invite their ratio: it is printed, named, beside the median of
+    paired changes, which is the figure compared (the two can differ)."""
     if change.n == 0:
         return "not recorded (n=0)"
-    return f"{change.arm_median:.0f} vs clean {change.reference_median:.0f}; " + change_cell(
-        change, with_n=True)
+    return (f"{medians_text(change)}; median of paired changes "
+            + change_cell(change, with_n=True))
 
 
 def build_document(analysis: RunAnalysis, images: Mapping[str, bytes | None]) -> Document:
@@ -227,6 +243,7 @@ def build_document(analysis: RunAnalysis, images: Mapping[str, bytes | None]) ->
     manifest = records.manifest
     run = Section("Run").add(Bullets((
         f"run id: {analysis.run_id}",
+        *filter(None, [host_line(analysis)]),  # issue 30: contended blocks, at the top
         _source_line(manifest),
         f"profile: {manifest.get('profile', 'not stated')}",
         f"arms: {', '.join(analysis.arms) or 'none'} (reference: {REFERENCE_ARM})",
@@ -236,13 +253,18 @@ def build_document(analysis: RunAnalysis, images: Mapping[str, bytes | None]) ->
         *([f"notes: {manifest['notes']}"] if isinstance(manifest.get("notes"), str) else []),
         *_factors(manifest),
         interval_line(analysis),
+        CONDITIONAL,
         *overhead_lines(harness_overhead(records)),
     )))
     primary = Section("Postfork marginal time: complete original blocks").add(
         Paragraph("Paired change = 100 x (arm - clean) / clean within a block; the table shows "
                   "its median over blocks. A block is complete when every arm's original "
                   "attempt passed the protocol check. 'faster' counts blocks where the arm "
-                  "finished sooner than clean."),
+                  "finished sooner than clean. The clean median is context: the change is not "
+                  "taken against it (a ratio of medians can differ from the median of paired "
+                  "changes). A block stopped at the wall limit (censored) gives a bound, not a "
+                  "value: where such blocks can move the median, the table prints the bound "
+                  "(≥ x, ≤ x) with their count, and an interval end they reach is unbounded."),
         comparison_table(analysis, analysis.primary, POSTFORK, "Primary analysis"),
     )
     if not any(c.n_blocks for c in analysis.primary.values()):
@@ -252,7 +274,8 @@ def build_document(analysis: RunAnalysis, images: Mapping[str, bytes | None]) ->
     if images.get("paired_dots"):
         primary.add(Image("paired_dots.png", images["paired_dots"] or b"",
                           "Each point is one block's paired change; diamond: median, bar: 95% "
-                          "interval. Blue: faster than clean; orange: slower or equal."))
+                          "interval (an arrow: an end censored blocks left unbounded). Blue: "
+                          "faster than clean; orange: slower or equal."))
     substitutions = [f"{b.regime} block {b.block}: {arm} replaced by its recovery run"
                      for b in analysis.blocks if b.sensitivity for arm in b.substituted]
     sensitivity = Section("Sensitivity: failed original arms replaced by recovery runs")
@@ -302,15 +325,17 @@ def build_document(analysis: RunAnalysis, images: Mapping[str, bytes | None]) ->
         rewrite.add(Paragraph("No block recorded rewrite times for both clean and an arm "
                               "(n=0), so rewrite-inclusive time is not available."))
     tokens = Section("Tokens per continuation").add(Table(
-        ("Regime", "Arm", "reasoning tokens: median, paired change [95% CI]",
-         "completion tokens: median, paired change [95% CI]",
-         "history tokens: median, paired change [95% CI]"),
+        ("Regime", "Arm", "reasoning tokens: medians, median of paired changes [95% CI]",
+         "completion tokens: medians, median of paired changes [95% CI]",
+         "history tokens: medians, median of paired changes [95% CI]"),
         tuple((_label(c), arm_label(analysis, a.arm), _token_cell(a.reasoning_tokens),
                _token_cell(a.completion_tokens), _token_cell(a.history_tokens))
               for c in analysis.primary.values()
               if not (c.name == POOLED and len(analysis.regimes) == 1)
               for a in c.arms.values()),
-        "Complete original blocks. Reasoning and completion tokens: blocks where both arms "
+        "Complete original blocks. The ratio of medians is context beside the two medians; "
+        "the compared figure is the median of paired changes. Reasoning and completion "
+        "tokens: blocks where both arms "
         "recorded the value and took the same number of postfork turns (the study's "
         "equal-turn pairs); history tokens: the first postfork request's prompt. n counts the "
         "blocks used. Reasoning tokens are the server's usage figure, or for tagged-visible "
@@ -321,10 +346,15 @@ def build_document(analysis: RunAnalysis, images: Mapping[str, bytes | None]) ->
          *(f"{arm_label(analysis, a)} postfork" for a in analysis.arms), "Sampling seeds",
          "Use"),
         tuple(_block_row(analysis, b) for b in analysis.blocks),
-        "Changes in parentheses are against the same block's clean arm. Sampling seeds: each "
+        "Changes in parentheses are against the same block's clean arm; a time stopped at the "
+        "wall limit (censored) is a lower bound, so its change is one too (≥), clean's makes "
+        "it an upper bound (≤). Sampling seeds: each "
         "arm's base seed in the block (request k sends seed + k)."))
     return Document(f"Run report: {analysis.run_id}", (
-        run, primary, *(replay_sections(replay, analysis.arms) if replay else ()),
+        run, primary, *host_sections(analysis, lambda comparisons, caption: comparison_table(
+            analysis, comparisons, POSTFORK, caption)),
+        *repeat_sections(analysis),
+        *(replay_sections(replay, analysis.arms) if replay else ()),
         sensitivity, failures, rewrite, tokens, *policy_sections(analysis),
         per_block, *trust_sections(analysis), *serving_sections(analysis, images),
         *replica_sections(analysis),
@@ -365,7 +395,8 @@ def write_analysis(analysis: RunAnalysis, out_dir: Path) -> ReportFiles:
     write_text_atomic(files.markdown, to_markdown(document))
     write_text_atomic(files.html, to_html(document))
     write_json_atomic(files.summary, {**build_summary(analysis), **policy_summary(analysis),
-                                      **remote_summary(analysis)})
+                                      **remote_summary(analysis), **host_summary(analysis),
+                                      **repeat_summary(analysis)})
     return files
 
 

@@ -131,3 +131,26 @@ def test_a_run_file_runs_a_block_and_the_manifest_keeps_the_resolved_settings(
     assert (config["seed"], config["blocks"], config["arms"]) == (3, 1, ["clean", "external"])
     assert config["records"] == [RECORDS[1]] and config["cache"] == "isolated"  # resolved
     assert len(lines(tmp_path / "from-file" / "arms.jsonl")) == 2
+
+
+def test_repeat_runs_the_configuration_again_interleaved_and_reports_the_spread(
+        fake: FakeProcess, tmp_path: Path) -> None:
+    done = bench(tmp_path, fake.api_url, "blocks=1", "repeat=2", "run_id=rep",
+                 "arms=clean,external")
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = tmp_path / "rep"
+    blocks = lines(run / "blocks.jsonl")
+    # blocks per run x REPEAT, interleaved: both runs' block 1 replays record 1 with its seeds
+    assert [b["block"] for b in blocks] == [1, 2]
+    assert [b["record"] for b in blocks] == [RECORDS[0], RECORDS[0]]
+    assert blocks[0]["seed"] == blocks[1]["seed"]
+    salts = {a["block"]: a["cache_salt"] for a in lines(run / "arms.jsonl")
+             if a["arm"] == "clean"}
+    assert salts[1] != salts[2]  # each run's block has a cache of its own
+    report = (run / "report.md").read_text()
+    assert "## Between runs: the same configuration run 2 times (REPEAT=2)" in report
+    row = next(line for line in report.splitlines() if line.startswith("| dedicated | external"))
+    assert "points (" in row  # the spread of the two runs' medians
+    assert "not the variation between runs, hosts or days" in report
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["repeat"] == 2 and summary["between_runs"][0]["n"] == [1, 1]

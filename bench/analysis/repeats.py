@@ -20,13 +20,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from compaction_bench.bench.analysis.paired import (
-    REFERENCE_ARM,
     BlockStatus,
     Comparison,
     RunAnalysis,
     compare,
 )
 from compaction_bench.bench.analysis.stats import PairedChange
+from compaction_bench.bench.runfolder import REFERENCE_ARM
 
 # the one sentence every report prints beside its intervals: what they are conditional on
 CONDITIONAL = ("Each interval covers the variation from block to block on this server in the "

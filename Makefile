@@ -169,37 +169,34 @@ bench-redaction: install
 # are CPU-bound (two workers for two cores); e2e tests mostly wait on fake engines, sleeps and
 # child processes, so more workers than cores. `--dist loadfile` keeps a module's tests on one
 # worker, so a module-scoped fixture (the fault table, a fake engine) is set up once. The
-# integration tier shares one real vLLM server, whose tests run on one worker while a second
-# runs the tests that start servers of their own. UNIT_WORKERS=0, E2E_WORKERS=0 or
-# INTEGRATION_WORKERS=0 runs a tier without xdist.
+# integration tier shares one real vLLM server and runs in one process. UNIT_WORKERS=0 or
+# E2E_WORKERS=0 runs a tier without xdist.
 UNIT_WORKERS ?= 2
 E2E_WORKERS ?= 4
-INTEGRATION_WORKERS ?= 2
 TIERS ?= unit e2e integration
-xdist = $(if $(filter-out 0,$(1)),-n $(1) --dist $(2))
+xdist = $(if $(filter-out 0,$(1)),-n $(1) --dist loadfile)
 tier_marker_unit := not e2e and not integration
 tier_marker_e2e := e2e and not integration
 tier_marker_integration := integration
 tier_workers_unit = $(UNIT_WORKERS)
 tier_workers_e2e = $(E2E_WORKERS)
-tier_workers_integration = $(INTEGRATION_WORKERS)
-# unit and e2e: a module's tests on one worker; integration: the session server's tests on one
-# worker (tests/conftest.py SESSION_GROUP), the tests that start their own servers on the other
-tier_dist_unit := loadfile
-tier_dist_e2e := loadfile
-tier_dist_integration := loadgroup
-# The fault table's exclusive rows run after the e2e tier's parallel part, alone: the
-# hostile-agent rows count every sandbox process on the machine, so another worker's agent
-# boxes would read as escapes (its other rows run in the parallel part).
+tier_workers_integration = 0
+# Integration runs in one process: its tests share one vLLM server, and xdist 3.8's loadgroup
+# cannot keep them on one worker under pytest 9 (it renames `item._nodeid`, which pytest 9 no
+# longer reads: on 2026-12-07 each of two workers started a server, and a replay stalled 120 s)
+# The fault table runs after the e2e tier's parallel part, alone: its hostile-agent rows count
+# every sandbox process on the machine, so another worker's agent boxes would read as escapes
+# (its other rows ran in the parallel part on 2026-12-07: the part was CPU-bound, it gained
+# their 165 s and the alone part lost 150 s, nothing won).
 # The fake engine's timing tests (30 ms tolerances) and fleet-truth (a capacity measured on fake
 # replicas) run alone too: four workers on two cores make the fakes' wake-ups late.
 # The host-contention test runs alone: sibling workers would read as other processes.
-ALONE := tests/bench/faults/test_faults_exclusive.py tests/loadgen/test_fake_engine.py \
+ALONE := tests/bench/faults tests/loadgen/test_fake_engine.py \
   tests/plan/test_truth.py \
   tests/bench/test_host_contention.py
 # Both parts run; the tier's code is the first failing part's.
 tier_alone_e2e = $(PY) -m pytest -m "$(tier_marker_e2e)" $(ALONE) $(PYTEST_ARGS)
-pytest_tier = ( $(PY) -m pytest -m "$(tier_marker_$(1))" $(call xdist,$(tier_workers_$(1)),$(tier_dist_$(1))) \
+pytest_tier = ( $(PY) -m pytest -m "$(tier_marker_$(1))" $(call xdist,$(tier_workers_$(1))) \
   $(if $(tier_alone_$(1)),$(foreach a,$(ALONE),--ignore=$(a))) $(PYTEST_ARGS); first=$$?; \
   $(if $(tier_alone_$(1)),$(tier_alone_$(1)); alone=$$?; [ $$first -ne 0 ] || exit $$alone;) \
   exit $$first )

@@ -176,19 +176,6 @@ def _needs_server(item: pytest.Item) -> bool:
     return _uses(item, "cpu_server")
 
 
-# The integration tier runs on two xdist workers (the Makefile's `--dist loadgroup`): every test
-# that uses the session server is in one group, so one worker starts it and runs them all, while
-# the other runs the tests that start servers of their own (Ctrl-C, a dying start) beside it.
-SESSION_GROUP = "vllm-session-server"
-
-
-def pytest_itemcollected(item: pytest.Item) -> None:
-    """Marks each session-server test with the group, before xdist reads the marks (its own
-    collection hook runs before ours, which is trylast)."""
-    if _needs_server(item):
-        item.add_marker(pytest.mark.xdist_group(SESSION_GROUP))
-
-
 @pytest.hookimpl(trylast=True)  # after -m/-k deselection: only the tests that will run count
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
                                   items: list[pytest.Item]) -> None:
@@ -207,10 +194,8 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             extra = PROXY_CONVERSION_S if _uses(item, "proxy_model") else 0
             item.add_marker(pytest.mark.timeout(TIER_TIMEOUT_S[tier(item)] + extra))
     items.sort(key=_needs_server)  # stable: file order within each group
-    # under xdist every worker collects every test, and which one gets the group is not known
-    # here: there, `cpu_server` starts the server on first use
     if (any(map(_needs_server, items)) and not os.environ.get("COMPBENCH_TEST_SERVER_PORT")
-            and not config.option.collectonly and not hasattr(config, "workerinput")):
+            and not config.option.collectonly):
         _start_session_server()  # spawned now; `cpu_server` waits for /health
 
 

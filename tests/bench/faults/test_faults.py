@@ -1,9 +1,9 @@
 """`make faults`, row by row: the same rows, each a real bench process on the fake engine with
 its fault injected. A row passes when it survived (the bench ended as it should, with one
 clear line and the RESUME hint where it stopped, no traceback, no process left) and no finished
-record was lost. This module holds the rows that may run beside other tests (the e2e tier's
-parallel part); the exclusive rows, which count every sandbox process on the machine, are in
-test_faults_exclusive.py and run alone."""
+record was lost. This module holds the rows that run side by side; the exclusive rows, which
+count every sandbox process on the machine, are in test_faults_exclusive.py. Both run in the
+e2e tier's alone part (the Makefile's ALONE)."""
 
 from __future__ import annotations
 

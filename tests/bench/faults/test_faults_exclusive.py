@@ -1,6 +1,6 @@
 """The fault table's exclusive rows (hostile agent commands, the agent's box closed): they
-count every sandbox process on the machine, so they run alone (the Makefile's ALONE list), one
-after another; see test_faults.py for what a row must do to pass."""
+count every sandbox process on the machine, so they run one after another, never beside xdist
+workers (the Makefile's ALONE list); see test_faults.py for what a row must do to pass."""
 
 from __future__ import annotations
 

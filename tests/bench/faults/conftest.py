@@ -4,11 +4,13 @@ exclusive ones alone), and each row's test reads its own results."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import pytest
 
 from compaction_bench.bench.faults.cli import ALL_ROWS, run_rows
 from compaction_bench.bench.faults.harness import FaultResult
+from compaction_bench.bench.faults.rows import Row
 
 
 @pytest.fixture(scope="module")
@@ -25,3 +27,19 @@ def fault_results(request: pytest.FixtureRequest,
                     f"them after the parallel part; by hand: pytest {request.path}",
                     pytrace=False)
     return run_rows(rows, tmp_path_factory.mktemp("faults"))
+
+
+@pytest.fixture
+def survived(fault_results: dict[str, list[FaultResult]]) -> Callable[[Row], None]:
+    """Asserts a row passed: it survived (the bench ended as it should, with one clear line and
+    the RESUME hint where it stopped, no traceback, no process left) and lost no record."""
+
+    def check(row: Row) -> None:
+        results = fault_results[row.name]
+        assert results
+        for result in results:
+            assert result.survived, (f"{result.fault}: {result.why} (the user saw: "
+                                     f"{result.line})")
+            assert result.lost == 0, f"{result.fault}: {result.lost} finished records lost"
+
+    return check

@@ -169,3 +169,31 @@ def make_sweep(tmp_path: Path) -> Callable[..., Path]:
         return write_sweep_run(tmp_path / name, **options)
 
     return make
+
+
+CHECK_URLS = ["http://127.0.0.1:18402", "http://127.0.0.1:18403"]
+
+
+@pytest.fixture
+def plan_and_check(truth: Truth, make_sweep: Callable[..., Path]
+                   ) -> Callable[..., tuple[Any, Path]]:
+    """Factory: a one-replica sweep planned at an SLO its truth meets at N = 5.5 (the plan's
+    config; `before_plan` may edit the sweep's folder first), and a two-replica round_robin check
+    run at twice the planned agents."""
+
+    def make(before_plan: Callable[[Path], object] = lambda _: None) -> tuple[Any, Path]:
+        from compaction_bench.plan.planner import build_plan
+        from compaction_bench.plan.settings import PlanConfig
+
+        plan_run = make_sweep("plan", seed=1)
+        before_plan(plan_run)
+        config = PlanConfig(run_dir=plan_run,
+                            slo=f"p90:{truth.quantile(5.5, 0.9)}s", bootstrap=200, plots=False)
+        agents = build_plan(config).capacity["clean"].agents
+        assert agents is not None
+        check = make_sweep("fleet-round_robin", seed=2, truth=type(truth)(b=truth.b / 2),
+                           levels=(2 * agents,), per_level=60,
+                           config={"replica_urls": CHECK_URLS, "router_policy": ["round_robin"]})
+        return config, check
+
+    return make

@@ -13,10 +13,7 @@ from typing import Any
 import pytest
 
 from compaction_bench.plan.check import SHARE_NOTE, check_plan, write_check
-from compaction_bench.plan.planner import build_plan
 from compaction_bench.plan.settings import PlanConfig, PlanError
-
-URLS = ["http://127.0.0.1:18402", "http://127.0.0.1:18403"]
 
 
 def _share(cpus: list[int], quota: float | None = None, pinned: bool = True
@@ -27,30 +24,26 @@ def _share(cpus: list[int], quota: float | None = None, pinned: bool = True
 def _record(run: Path, shares: list[dict[str, Any]] | None) -> Path:
     manifest = json.loads((run / "manifest.json").read_text())
     if shares is not None:
-        urls = URLS if len(shares) == 2 else ["http://127.0.0.1:18400"]
+        # the check run's replicas are its config's (conftest `plan_and_check`)
+        urls = (manifest.get("config", {}).get("replica_urls") if len(shares) == 2
+                else ["http://127.0.0.1:18400"])
         manifest["server"]["replicas"] = [{"url": u, "host_share": s}
                                           for u, s in zip(urls, shares, strict=True)]
     (run / "manifest.json").write_text(json.dumps(manifest))
     return run
 
 
-def _runs(truth: Any, make_sweep: Callable[..., Path], plan_share: list[dict[str, Any]] | None,
+def _runs(plan_and_check: Callable[..., tuple[PlanConfig, Path]],
+          plan_share: list[dict[str, Any]] | None,
           check_share: list[dict[str, Any]] | None) -> tuple[PlanConfig, Path]:
-    plan_run = _record(make_sweep("plan", seed=1), plan_share)
-    config = PlanConfig(run_dir=plan_run, slo=f"p90:{truth.quantile(5.5, 0.9)}s",
-                        bootstrap=200, plots=False)
-    agents = build_plan(config).capacity["clean"].agents
-    assert agents is not None
-    check = make_sweep("fleet-round_robin", seed=2, truth=type(truth)(b=truth.b / 2),
-                       levels=(2 * agents,), per_level=60,
-                       config={"replica_urls": URLS, "router_policy": ["round_robin"]})
+    config, check = plan_and_check(lambda run: _record(run, plan_share))
     return config, _record(check, check_share)
 
 
 def test_runs_whose_replicas_had_other_shares_are_refused_in_one_line(
-        truth: Any, make_sweep: Callable[..., Path]) -> None:
+        plan_and_check: Callable[..., tuple[PlanConfig, Path]]) -> None:
     # the case: the sweep's server unpinned on both cores, the fleet's one core each
-    config, check = _runs(truth, make_sweep, [_share([0, 1], pinned=False)],
+    config, check = _runs(plan_and_check, [_share([0, 1], pinned=False)],
                           [_share([0]), _share([1])])
     with pytest.raises(PlanError) as refused:
         check_plan(config, [check])
@@ -61,14 +54,14 @@ def test_runs_whose_replicas_had_other_shares_are_refused_in_one_line(
                            "of 2, no quota) ran under different shares of the host per replica")
     assert "serve both with the same REPLICA_CPUS / REPLICA_CPU_QUOTA" in line
     # the same CPUs but another quota is another share too
-    config, check = _runs(truth, make_sweep, [_share([0], 0.9)], [_share([0]), _share([1])])
+    config, check = _runs(plan_and_check, [_share([0], 0.9)], [_share([0]), _share([1])])
     with pytest.raises(PlanError, match=r"quota 0.9 CPU\) and fleet-round_robin"):
         check_plan(config, [check])
 
 
 def test_equal_shares_are_compared_whichever_cpus_they_are(
-        truth: Any, make_sweep: Callable[..., Path]) -> None:
-    config, check = _runs(truth, make_sweep, [_share([0], 0.9)],
+        plan_and_check: Callable[..., tuple[PlanConfig, Path]]) -> None:
+    config, check = _runs(plan_and_check, [_share([0], 0.9)],
                           [_share([0], 0.9), _share([1], 0.9)])
     plan, rows = check_plan(config, [check])
     assert rows and not [n for n in plan.notes if n.startswith(SHARE_NOTE)]
@@ -77,8 +70,8 @@ def test_equal_shares_are_compared_whichever_cpus_they_are(
 
 
 def test_runs_that_record_no_share_are_compared_with_a_warning(
-        truth: Any, make_sweep: Callable[..., Path]) -> None:
-    config, check = _runs(truth, make_sweep, None, [_share([0]), _share([1])])
+        plan_and_check: Callable[..., tuple[PlanConfig, Path]]) -> None:
+    config, check = _runs(plan_and_check, None, [_share([0]), _share([1])])
     markdown, _, rows = write_check(config, [check])
     assert rows
     text = markdown.read_text()

@@ -47,17 +47,10 @@ def test_the_plan_names_its_contended_cells(truth: Any,
 
 
 def test_plan_check_names_a_check_runs_contended_cells(
-        truth: Any, make_sweep: Callable[..., Path]) -> None:
-    plan_run = make_sweep("plan", seed=1)
-    config = PlanConfig(run_dir=plan_run, slo=f"p90:{truth.quantile(5.5, 0.9)}s",
-                        bootstrap=200, plots=False)
+        plan_and_check: Callable[..., tuple[PlanConfig, Path]]) -> None:
+    config, check = plan_and_check()
     agents = build_plan(config).capacity["clean"].agents
     assert agents is not None
-    check = make_sweep("fleet-round_robin", seed=2, truth=type(truth)(b=truth.b / 2),
-                       levels=(2 * agents,), per_level=60,
-                       config={"replica_urls": ["http://127.0.0.1:18402",
-                                                "http://127.0.0.1:18403"],
-                               "router_policy": ["round_robin"]})
     contend(check, "clean", 2 * agents)
     plan, rows = check_plan(config, [check], replicas=2)
     assert rows and [n for n in plan.notes if n.startswith(f"{HOST_NOTE} in fleet-round_robin")]

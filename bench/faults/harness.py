@@ -255,13 +255,28 @@ def fake_engine(**config: Any) -> Iterator[FakeProcess]:
         yield fake
 
 
+def traceback_tail(output: str, frames: int = 2) -> str:
+    """The last traceback in `output` on one line: its last frames and the exception, so that
+    a failed row says what raised and where, not only that something did."""
+    start = output.rindex(TRACEBACK)
+    before = output[:start].rstrip("\n").rpartition("\n")[2].strip()
+    # an exception Python could not raise (in a finalizer, a weakref callback) says so above
+    head = [before] if before.startswith("Exception ignored") else []
+    body: list[str] = []
+    for line in output[start:].splitlines()[1:]:
+        body.append(line.strip())
+        if line and not line[0].isspace():  # the exception line closes the traceback
+            break
+    return " | ".join(head + body[-(2 * frames + 1):])
+
+
 def verdict(fault: str, output: str, *, expect: list[tuple[bool, str]], lost_count: int | None,
             markers: tuple[str, ...] = ()) -> FaultResult:
     """Survived when every expectation holds, no traceback was printed and no process with a
     marker is left; `why` lists what did not hold."""
     why = [text for ok, text in expect if not ok]
     if TRACEBACK in output:
-        why.append("a traceback was printed")
+        why.append(f"a traceback was printed, ending: {traceback_tail(output)}")
     if markers and (left := settle_leftovers(*markers)):
         why.append(f"processes left: {'; '.join(left)}")
     if lost_count:

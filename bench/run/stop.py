@@ -13,6 +13,7 @@ a vLLM or locust process behind.
 from __future__ import annotations
 
 import _thread
+import os
 import signal
 import sys
 import threading
@@ -72,8 +73,17 @@ class RunStop:
             yield
             return
         out = stream if stream is not None else sys.stderr
+        # A child forked with Python code to run before its exec (subprocess's preexec_fn: the
+        # agent's box sets its limits so) inherits these handlers, and a terminal's Ctrl-C
+        # reaches it while it is still in the run's process group. There a handler would stop
+        # a copy of the run and raise KeyboardInterrupt inside the child's fork hooks, which
+        # Python prints as an "Exception ignored" traceback (CI, 2026-12-07: the fault table's
+        # SIGINT row). The handlers act only in the process that installed them.
+        owner = os.getpid()
 
         def handle(signum: int, frame: FrameType | None) -> None:
+            if os.getpid() != owner:
+                return
             # also reached through interrupt_main() when another thread stopped the run
             name = signal.Signals(signum).name
             self.stop(f"interrupted ({name})", ExitCode.INTERRUPTED, interrupt_main=False)
@@ -84,6 +94,8 @@ class RunStop:
                   "records are kept", file=out, flush=True)
 
         def already(signum: int, frame: FrameType | None) -> None:
+            if os.getpid() != owner:
+                return
             print(f"[bench] {signal.Signals(signum).name}: already stopping; the records are "
                   "kept", file=out, flush=True)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from compaction_bench.bench.run.stop import SIGNALS, RunStop
 from compaction_bench.common.net import free_port
 from compaction_bench.common.paths import repo_root
 from compaction_bench.loadgen.fakeprocess import FakeConfig, FakeProcess
@@ -72,3 +74,30 @@ def test_killed_server_keeps_records_and_resume_continues(tmp_path: Path) -> Non
     assert {a["terminal_status"] for a in arms[1:]} == {"RepeatedFormatError"}
     blocks = [json.loads(line) for line in (run_dir / "blocks.jsonl").read_text().splitlines()]
     assert [(b["block"], b["block_pass"]) for b in blocks] == [(1, 2), (2, None)]
+
+
+def _interrupted_before_exec() -> None:
+    os.kill(os.getpid(), signal.SIGINT)  # a terminal's Ctrl-C, while the child is in the group
+    sum(range(10_000))  # Python code after it, where a pending handler runs
+
+
+def test_ctrl_c_in_a_child_before_its_exec_is_not_the_runs_to_handle() -> None:
+    """The agent's box forks its commands with Python code to run before the exec (their
+    limits). Ctrl-C reaching such a child must not run the bench's handler there: it would
+    raise KeyboardInterrupt in the child's fork hooks, which Python prints as a traceback (CI,
+    2026-12-07), or here fail the spawn. The run itself still stops on its own Ctrl-C."""
+    saved = {s: signal.getsignal(s) for s in SIGNALS}
+    stop = RunStop()
+    try:
+        with stop.signals():
+            child = subprocess.run(["true"], preexec_fn=_interrupted_before_exec,
+                                   capture_output=True, text=True, check=False, timeout=30)
+            assert child.returncode == 0 and child.stderr == "", child.stderr
+            assert not stop.stopped  # the child's signal was not the run's
+            with pytest.raises(KeyboardInterrupt):
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(5)
+        assert stop.reason is not None and stop.reason.message == "interrupted (SIGINT)"
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)

@@ -96,11 +96,11 @@ def quantile_weights(n: int, q: float) -> np.ndarray:
         weights = np.zeros(n)
         weights[-1 if q >= 1.0 else 0] = 1.0
         return weights
-    # imported here: scipy.stats costs about 1 s, and every CLI command imports this module
-    from scipy.stats import beta
+    # imported here: scipy.special costs 0.7 s, and every CLI command imports this module
+    from scipy.special import betainc
 
     a, b = (n + 1) * q, (n + 1) * (1 - q)
-    edges = beta.cdf(np.arange(n + 1) / n, a, b)
+    edges = betainc(a, b, np.arange(n + 1) / n)
     return np.diff(edges)
 
 

@@ -34,7 +34,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.stats import binom, norm
+from scipy.special import bdtr, ndtr
 
 from compaction_bench.bench.analysis.stats import (
     MIN_BLOCKS_FOR_MEDIAN_INTERVAL,
@@ -135,8 +135,8 @@ def detection_probability(n: int, sigma: float, effect: float) -> float:
     k = median_rank(n)
     if k is None or sigma <= 0:
         return 0.0 if k is None else 1.0
-    q = float(norm.cdf(-math.log1p(effect) / sigma))
-    return float(binom.cdf(k - 1, n, q) + binom.cdf(k - 1, n, 1.0 - q))
+    q = float(ndtr(-math.log1p(effect) / sigma))
+    return float(bdtr(k - 1, n, q) + bdtr(k - 1, n, 1.0 - q))
 
 
 def blocks_for_power(sigma: float, effect: float, power: float = POWER) -> int | None:

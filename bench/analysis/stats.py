@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.stats import binom
+from scipy.special import bdtr
 
 from compaction_bench.common.resampling import CONFIDENCE
 
@@ -33,7 +33,7 @@ PERCENTILES = (50, 90, 99)
 
 def order_coverage(n: int, k: int) -> float:
     """Exact coverage of [x(k), x(n-k+1)] for the median of n independent draws (docstring)."""
-    return float(1.0 - 2.0 * binom.cdf(k - 1, n, 0.5))
+    return float(1.0 - 2.0 * bdtr(k - 1, n, 0.5))
 
 
 def median_rank(n: int, confidence: float = CONFIDENCE) -> int | None:

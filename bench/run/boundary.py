@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from scipy.stats import binom
+from scipy.special import bdtr
 
 from compaction_bench.common.resampling import quantile as hd_quantile
 
@@ -67,7 +67,7 @@ def order_ranks(n: int, q: float, confidence: float) -> tuple[int, int]:
     # lower: the largest l with P(B <= l - 1) <= alpha; upper: the smallest u with
     # P(B >= u) <= alpha, i.e. P(B <= u - 1) >= 1 - alpha
     ks = np.arange(n + 1)
-    cdf = binom.cdf(ks, n, q)
+    cdf = bdtr(ks, n, q)
     below = [k + 1 for k in ks if cdf[k] <= alpha]
     low = int(max(below)) if below else 0
     above = [k + 1 for k in ks if cdf[k] >= 1.0 - alpha]

@@ -15,11 +15,13 @@ child process the first time, so it is e2e (collection refuses it in the unit ti
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing.process
 import multiprocessing.util
 import os
 import platform
 import subprocess
+import sys
 import tempfile
 import threading
 from collections.abc import Callable, Generator, Iterator
@@ -35,6 +37,7 @@ from compaction_bench.loadgen.fakeserver import FakeConfig, FakeServer
 from compaction_bench.serve.endpoints import is_healthy
 from compaction_bench.serve.launcher import Server, ServerConfig
 from compaction_bench.serve.model import ensure_embedded
+from compaction_bench.serve.process import stop_background
 from compaction_bench.serve.profile import load_profile
 
 # Property-based fuzzing (hypothesis): the default run is derandomized and bounded so the fuzz
@@ -141,8 +144,8 @@ def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, object, object
 
 
 # The session server starts as soon as collection knows an integration test will run, and the
-# integration tests run last: its cold start (1.5-2 minutes of one core) overlaps the unit tests
-# instead of adding to them.
+# tests that use it run after the others: its cold start (1.5-2 minutes on 2 cores) overlaps the
+# tests that start servers of their own instead of adding to them.
 _SESSION: dict[str, Any] = {}
 
 
@@ -158,14 +161,18 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["COMPBENCH_RUN_DIR"] = str(path)
 
 
-def _start_session_server() -> Server:
-    # fast_start: no torch.compile (a third of the cold start); no test measures step times
-    server = Server(ServerConfig(profile=load_profile("cpu-tiny"), port=free_port(),
-                                 log_path=_SESSION["run_dir"] / "session-server.log",
-                                 fast_start=True))
-    server.start()
-    _SESSION["server"] = server
-    return server
+def _start_session_server() -> None:
+    """`serve --background`, as a user starts a server that outlives the command: spawned now,
+    `cpu_server` waits for it to return (healthy and self-checked), and the tier's last test
+    stops it with `stop` (tests/serve/test_server.py), so the session server is also the test
+    of that path and no second server cold-starts for it."""
+    port = free_port()
+    _SESSION["port"] = port
+    # fast start: no torch.compile (a third of the cold start); no test measures step times
+    _SESSION["starter"] = subprocess.Popen(
+        [sys.executable, "-m", "compaction_bench", "serve", "--profile", "cpu-tiny", "--port",
+         str(port), "--fast-start", "--background"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def _uses(item: pytest.Item, fixture: str) -> bool:
@@ -174,6 +181,10 @@ def _uses(item: pytest.Item, fixture: str) -> bool:
 
 def _needs_server(item: pytest.Item) -> bool:
     return _uses(item, "cpu_server")
+
+
+def _stops_server(item: pytest.Item) -> bool:
+    return _uses(item, "session_server_to_stop")
 
 
 @pytest.hookimpl(trylast=True)  # after -m/-k deselection: only the tests that will run count
@@ -193,16 +204,25 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             # idle, past 150 s in a CI clone with 4 busy e2e workers on 2 cores
             extra = PROXY_CONVERSION_S if _uses(item, "proxy_model") else 0
             item.add_marker(pytest.mark.timeout(TIER_TIMEOUT_S[tier(item)] + extra))
-    items.sort(key=_needs_server)  # stable: file order within each group
+    # stable: file order within each group; the test that stops the session server goes last
+    items.sort(key=lambda item: (_needs_server(item), _stops_server(item)))
     if (any(map(_needs_server, items)) and not os.environ.get("COMPBENCH_TEST_SERVER_PORT")
             and not config.option.collectonly):
         _start_session_server()  # spawned now; `cpu_server` waits for /health
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    server = _SESSION.pop("server", None)
-    if server is not None:
-        server.stop()
+    starter = _SESSION.pop("starter", None)
+    if starter is not None:
+        if starter.poll() is None:  # the session ended while the server was starting
+            starter.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                starter.wait(timeout=60)
+        for stream in (starter.stdout, starter.stderr):
+            if stream is not None:
+                stream.close()
+        # a no-op where the last test stopped it; otherwise by its pid file, as `make stop` does
+        stop_background(_SESSION["port"])
     old = _SESSION.get("old_run_dir")
     if old is None:
         os.environ.pop("COMPBENCH_RUN_DIR", None)
@@ -212,7 +232,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 @pytest.fixture(scope="session")
 def cpu_server() -> Iterator[Server]:
-    """The real vLLM CPU server on the `cpu-tiny` profile, healthy, on a free port.
+    """The real vLLM CPU server on the `cpu-tiny` profile, healthy, on a free port, started by
+    `serve --background` (see `_start_session_server`).
 
     For quick local iterations, COMPBENCH_TEST_SERVER_PORT=<port> reuses a cpu-tiny server
     already running on that port (`make serve`); CI never sets it."""
@@ -223,11 +244,25 @@ def cpu_server() -> Iterator[Server]:
             pytest.exit(f"COMPBENCH_TEST_SERVER_PORT={reuse}: no healthy server there", 2)
         yield existing  # not ours: never stopped here
         return
-    server = _SESSION.get("server")
-    if server is None:  # requested by a test the collection did not see coming
-        server = _start_session_server()
-    server.wait_ready()
-    yield server
+    if "starter" not in _SESSION:  # requested by a test the collection did not see coming
+        _start_session_server()
+    starter = _SESSION["starter"]
+    out, err = starter.communicate(timeout=900)
+    _SESSION["started"] = out
+    if starter.returncode != 0:
+        pytest.fail(f"the session server did not start: `serve --background` exited "
+                    f"{starter.returncode}:\n{err[-3000:]}", pytrace=False)
+    yield Server(ServerConfig(profile=load_profile("cpu-tiny"), port=_SESSION["port"]))
+
+
+@pytest.fixture(scope="session")
+def session_server_to_stop(cpu_server: Server) -> tuple[Server, str]:
+    """The session server and what `serve --background` printed when it started, for the one
+    test that stops it: collection runs that test after every other one."""
+    if os.environ.get("COMPBENCH_TEST_SERVER_PORT"):
+        pytest.skip("COMPBENCH_TEST_SERVER_PORT: the server is not this session's to stop; "
+                    "its background start and `stop` are tested only on the session's own")
+    return cpu_server, _SESSION["started"]
 
 
 @pytest.fixture(scope="session")

@@ -114,14 +114,9 @@ def test_server_that_dies_while_starting_quotes_its_log(tmp_path: Path) -> None:
 
 def test_foreground_serve_ctrl_c_stops_every_process(tmp_path: Path) -> None:
     """`make serve` path: log on the terminal, API key enforced, Ctrl-C leaves nothing behind
-    and frees its port; and the background path that `make stop` uses. The background server
-    starts on a second port at the same time as the foreground one, so the two cold starts
-    overlap (one cold start is 1.5 minutes of this test's time on 2 cores)."""
-    port, background_port = free_port(), free_port()
-    background = subprocess.Popen(
-        [sys.executable, "-m", "compaction_bench", "serve", "--profile", "cpu-tiny",
-         "--port", str(background_port), "--fast-start", "--background"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    and frees its port. Its cold start overlaps the session server's; the background path
+    (`serve --background`, `stop`) is the session server's own, tested last."""
+    port = free_port()
     proc: subprocess.Popen[str] | None = None
     try:
         env = {**os.environ, "API_KEY": "test-key", "PYTHONUNBUFFERED": "1"}
@@ -162,33 +157,38 @@ def test_foreground_serve_ctrl_c_stops_every_process(tmp_path: Path) -> None:
             # with every process gone) but never a server's; a listener still refuses it
             again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             again.bind(("127.0.0.1", port))
-
-        out, err = background.communicate(timeout=600)
-        assert background.returncode == 0, err
-        pid = int(re.search(r"pid (\d+)", out).group(1))  # type: ignore[union-attr]
-        tree = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
-        health = httpx.get(f"http://127.0.0.1:{background_port}/health", timeout=10)
-        assert health.status_code == 200
-        stopped = subprocess.run([sys.executable, "-m", "compaction_bench", "stop",
-                                  "--port", str(background_port)],
-                                 capture_output=True, text=True, timeout=120, check=False)
-        assert f"stopped server on port {background_port}" in stopped.stdout
-        _assert_gone(tree)
-        assert not group_members(pid)
     finally:  # a failure above leaves no server, and no open pipe, behind for the rest of
         # the tier (an unclosed pipe's ResourceWarning fails whichever later test GC meets it in)
-        for child in (background, *([proc] if proc is not None else [])):
-            if child.poll() is None:
+        if proc is not None:
+            if proc.poll() is None:
                 with contextlib.suppress(psutil.NoSuchProcess):
-                    for process in psutil.Process(child.pid).children(recursive=True):
+                    for process in psutil.Process(proc.pid).children(recursive=True):
                         process.kill()
-                child.kill()
-            for stream in (child.stdout, child.stderr):
-                if stream is not None:
-                    stream.close()
-            child.wait(timeout=60)
-        subprocess.run([sys.executable, "-m", "compaction_bench", "stop", "--port",
-                        str(background_port)], capture_output=True, timeout=120, check=False)
+                proc.kill()
+            if proc.stdout is not None:
+                proc.stdout.close()
+            proc.wait(timeout=60)
+
+
+def test_the_background_session_server_stops_with_stop(
+        session_server_to_stop: tuple[Server, str]) -> None:
+    """`serve --background` started the session server (tests/conftest.py): it returned once
+    healthy and self-checked, naming its pid. `stop --port` ends that whole process tree. The
+    tier's last test: collection puts it after every test that uses the server."""
+    server, started = session_server_to_stop
+    port = server.config.port
+    assert f"serving target, compressor at {server.api_url}" in started, started
+    pid = int(re.search(r"pid (\d+)", started).group(1))  # type: ignore[union-attr]
+    tree = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    assert len(tree) >= 2, tree  # the API server and vLLM's engine core
+    assert httpx.get(f"{server.server_url}/health", timeout=10).status_code == 200
+    stopped = subprocess.run([sys.executable, "-m", "compaction_bench", "stop",
+                              "--port", str(port)],
+                             capture_output=True, text=True, timeout=120, check=False)
+    assert f"stopped server on port {port}" in stopped.stdout, stopped.stdout + stopped.stderr
+    _assert_gone(tree)
+    assert not group_members(pid)
+    assert not _listeners(port), f"port {port} still listened on by {_listeners(port)}"
 
 
 def _listeners(port: int) -> list[str]:

@@ -13,8 +13,10 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import psutil
 
@@ -100,3 +102,18 @@ def stop_background(port: int | None = None, timeout_s: float = 30.0) -> list[di
             remove_cgroup(Path(record["cgroup"]))
         stopped.append(record)
     return stopped
+
+
+def recorded_shares(urls: Sequence[str]) -> list[dict[str, Any]]:
+    """Each server's URL and the share its pid file records (`host_share`, None for a server
+    elsewhere or one started before shares were recorded): what the bench's manifest keeps."""
+    found = []
+    for url in urls:
+        parts = urlsplit(url)
+        share = None
+        if parts.hostname in ("127.0.0.1", "localhost", "0.0.0.0") and parts.port:
+            for _, record in read_pid_files(parts.port):
+                if still_ours(record) and "host_share" in record:
+                    share = record["host_share"]
+        found.append({"url": f"{parts.scheme}://{parts.netloc}", "host_share": share})
+    return found

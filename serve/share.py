@@ -16,7 +16,8 @@ replica runs alone or among R:
   The client, router and locust users stay outside it.
 
 Each server records its share (`host_share`: its CPUs, quota, cgroup and the host's CPU
-count) in its pid file, where the bench's manifest reads it (`recorded_shares`), and `make
+count) in its pid file, where the bench's manifest reads it (`serve.process.recorded_shares`),
+and `make
 plan-check` refuses runs whose shares differ. Without the setting nothing changes: one server
 is not pinned, and the replicas of a CPU fleet split the CPUs (`serve.replicas.cpu_shares`).
 """
@@ -31,7 +32,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from compaction_bench.serve.errors import EngineUnavailableError, ServeError
 
@@ -123,23 +123,6 @@ def describe_share(share: Any) -> str:
     quota = "no quota" if key[1] is None else f"quota {key[1]:g} CPU"
     return (f"{key[0]} CPU{'s' if key[0] != 1 else ''}{pinned} ({cpus}) of "
             f"{share.get('host_cpus')}, {quota}")
-
-
-def recorded_shares(urls: Sequence[str]) -> list[dict[str, Any]]:
-    """Each server's URL and the share its pid file records (`host_share`, None for a server
-    elsewhere or one started before shares were recorded): what the bench's manifest keeps."""
-    from compaction_bench.serve.process import read_pid_files, still_ours
-
-    found = []
-    for url in urls:
-        parts = urlsplit(url)
-        share = None
-        if parts.hostname in ("127.0.0.1", "localhost", "0.0.0.0") and parts.port:
-            for _, record in read_pid_files(parts.port):
-                if still_ours(record) and "host_share" in record:
-                    share = record["host_share"]
-        found.append({"url": f"{parts.scheme}://{parts.netloc}", "host_share": share})
-    return found
 
 
 # -- the quota's cgroup: cgroup v2 cpu.max, or cgroup v1 cpu.cfs_quota_us -----------------------

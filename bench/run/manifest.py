@@ -59,7 +59,7 @@ def replica_shares(config: BenchConfig, url: str) -> list[dict[str, Any]]:
     (`host_share`: CPU set, cpu.max quota, the host's CPUs; None for a server elsewhere or one
     started before shares were recorded). `make plan-check` compares them (serve.share)."""
     from compaction_bench.bench.run.telemetry import replica_targets
-    from compaction_bench.serve.share import recorded_shares
+    from compaction_bench.serve.process import recorded_shares
 
     targets = replica_targets(config)
     return recorded_shares(targets.urls if targets is not None else (url,))

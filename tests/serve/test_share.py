@@ -13,7 +13,7 @@ import pytest
 from compaction_bench.serve.command import build_command
 from compaction_bench.serve.errors import EngineUnavailableError
 from compaction_bench.serve.launcher import ServerConfig
-from compaction_bench.serve.process import pid_file, write_pid_file
+from compaction_bench.serve.process import pid_file, recorded_shares, write_pid_file
 from compaction_bench.serve.profile import load_profile
 from compaction_bench.serve.replicas import replica_configs, server_config
 from compaction_bench.serve.share import (
@@ -30,7 +30,6 @@ from compaction_bench.serve.share import (
     describe_share,
     host_share,
     make_cgroup,
-    recorded_shares,
     share_cpus,
     share_key,
 )

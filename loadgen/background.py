@@ -71,9 +71,14 @@ class ReplayOptions(BaseModel):
     extra_body: dict[str, object] = Field(default_factory=dict)  # e.g. {"cache_salt": "bg"}
 
 
-def _default_histories() -> list[Path]:
-    from compaction_bench.loadgen.schedule import default_history_paths
+def default_history_paths(root: str | Path) -> list[Path]:
+    """The study's six real histories (`<root>/study/*/clean.json`), sorted: realistic agent
+    traffic (DeepSeek V4 Flash and Laguna, native reasoning) that is none of the experimental
+    task's arms, so the background never warms exactly the clean arm's prefix."""
+    return sorted(Path(root).glob("study/*/clean.json"))
 
+
+def _default_histories() -> list[Path]:
     return default_history_paths(histories_root())
 
 

@@ -47,13 +47,6 @@ class Turn:
     prompt_tokens_estimate: int
 
 
-def default_history_paths(root: str | Path) -> list[Path]:
-    """The study's six real histories (`<root>/study/*/clean.json`), sorted: realistic agent
-    traffic (DeepSeek V4 Flash and Laguna, native reasoning) that is none of the experimental
-    task's arms, so the background never warms exactly the clean arm's prefix."""
-    return sorted(Path(root).glob("study/*/clean.json"))
-
-
 def load_schedules(paths: list[str] | list[Path], options: ReplayOptions, *, model: str,
                max_model_len: int) -> list[list[Turn]]:
     """One schedule per history file; a history without assistant turns is refused."""

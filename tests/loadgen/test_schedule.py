@@ -6,9 +6,8 @@ import pytest
 
 from compaction_bench.common.paths import histories_root
 from compaction_bench.histories.format.history import load_history
-from compaction_bench.loadgen.background import ReplayOptions
+from compaction_bench.loadgen.background import ReplayOptions, default_history_paths
 from compaction_bench.loadgen.schedule import (
-    default_history_paths,
     load_schedules,
     schedule_history,
 )

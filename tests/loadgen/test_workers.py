@@ -18,9 +18,13 @@ import pytest
 from compaction_bench.common.files import read_jsonl
 from compaction_bench.common.net import free_port
 from compaction_bench.common.paths import histories_root
-from compaction_bench.loadgen.background import BackgroundConfig, BackgroundLoad, ReplayOptions
+from compaction_bench.loadgen.background import (
+    BackgroundConfig,
+    BackgroundLoad,
+    ReplayOptions,
+    default_history_paths,
+)
 from compaction_bench.loadgen.fakeprocess import FakeProcess
-from compaction_bench.loadgen.schedule import default_history_paths
 
 pytestmark = pytest.mark.e2e
 

@@ -46,7 +46,7 @@ from compaction_bench.bench.run.resume import (
     resumed_origin,
 )
 from compaction_bench.bench.run.stop import RunStop
-from compaction_bench.bench.run.telemetry import selfcheck
+from compaction_bench.bench.run.telemetry import measured_router, selfcheck
 from compaction_bench.bench.run.writer import RunWriter
 from compaction_bench.bench.runfolder import ArmRecord, write_json
 from compaction_bench.common.errors import ExitCode, SuiteError
@@ -276,7 +276,5 @@ def _setup(session: Session, stack: ExitStack, prints: dict[str, Any], kind: Run
 def _router(config: BenchConfig) -> dict[str, Any]:
     """The manifest's `router` where the run goes through one it did not start (a per-policy
     run's own, from bench/run/routing.py, replaces it)."""
-    from compaction_bench.bench.run.routing import measured_router
-
     found = measured_router(config)
     return {"router": found} if found else {}

@@ -195,6 +195,31 @@ def replica_targets(config: BenchConfig) -> ReplicaTargets | None:
     return ReplicaTargets(urls, config.router_metrics_url or (local[1] if local else None))
 
 
+def measured_router(config: BenchConfig) -> dict[str, Any] | None:
+    """The manifest's `router` for a run through a router the bench did not start: that of
+    `make serve REPLICAS=n` on PORT (its policy from its pid file), or one elsewhere given by
+    REPLICA_URLS (its policy not known here); None for a run on one server."""
+    from compaction_bench.serve.process import read_pid_files, still_ours
+    from compaction_bench.serve.router import local_fleet, routing_key
+
+    targets = replica_targets(config)
+    if targets is None:
+        return None
+    here = (None, f"http://127.0.0.1:{config.port}", f"http://localhost:{config.port}")
+    local = local_fleet(config.port) if config.base_url in here else None
+    policy, started_by = "not known (a router elsewhere: REPLICA_URLS)", "not the bench"
+    if local is not None and local[0] == targets.urls:
+        started_by = f"make serve REPLICAS={len(targets.urls)} on port {config.port}"
+        for _, record in read_pid_files(config.port):
+            router = record.get("router")
+            if isinstance(router, dict) and still_ours(record) and router.get("policy"):
+                policy = str(router["policy"])
+    return {"policy": policy, "routing_key": routing_key(policy),
+            "url": config.base_url or f"http://127.0.0.1:{config.port}",
+            "replicas": list(targets.urls), "metrics_url": targets.router_metrics_url,
+            "started_by": started_by}
+
+
 def selfcheck(config: BenchConfig, url: str, profile: Profile, run_dir: Path
                ) -> dict[str, Any]:
     """The serve-time self-check before any block (serve.selfcheck): its report goes into the

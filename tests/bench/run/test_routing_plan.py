@@ -11,10 +11,10 @@ import pytest
 from compaction_bench.bench.run.config import BenchConfig, BenchError
 from compaction_bench.bench.run.routing import (
     fleet_replicas,
-    measured_router,
     policy_runs,
     sibling_policies,
 )
+from compaction_bench.bench.run.telemetry import measured_router
 from compaction_bench.bench.runfolder import write_json
 from compaction_bench.serve.router import routing_key
 

@@ -314,25 +314,25 @@ def write_check(config: PlanConfig, check_runs: list[Path], replicas: int | None
     return out / CHECK_MD, out / CHECK_JSON, rows
 
 
-def checked_under(run_dir: Path, planned: dict[str, int] | None = None) -> str:
-    """plan.md's line on what the GPU counts assume about the router; `planned`: per arm, the
-    planned fleet for two replicas (the check's SWEEP_LEVELS)."""
-    path = run_dir / CHECK_JSON
-    if not path.is_file():
+def checked_under(check: dict[str, Any] | None, planned: dict[str, int] | None = None
+                  ) -> str:
+    """plan.md's line on what the GPU counts assume about the router: `check` is the run's
+    plan_check.json (None where `make plan-check` has not run), `planned` per arm the planned
+    fleet for two replicas (the check's SWEEP_LEVELS)."""
+    if check is None:
         levels = ", ".join(f"{arm} {n}" for arm, n in (planned or {}).items())
         return ("GPU counts assume that replicas behind a router each carry one measured "
                 "replica's agents; unchecked: measure it with `make plan-check PLAN=<this run> "
                 "RUNS=\"<sweep through the router>...\"`" + (
                     f" (the planned fleet for 2 replicas: {levels})" if levels else "") + ".")
-    document = json.loads(path.read_text(encoding="utf-8"))
     parts = []
-    for policy in document.get("policies") or []:
-        own = [r for r in document.get("rows") or [] if r.get("policy") == policy]
+    for policy in check.get("policies") or []:
+        own = [r for r in check.get("rows") or [] if r.get("policy") == policy]
         held = all(r.get("held") for r in own)
         errors = [abs(r["error_pct"]) for r in own if r.get("error_pct") is not None]
         worst = f", largest prediction error {max(errors):.1f}%" if errors else ""
         verdict = "SLO held at every checked level" if held else "SLO missed at a checked level"
         parts.append(f"{policy} ({verdict}{worst})")
     return (f"GPU counts assume the routing policy they were checked under ({CHECK_MD}, SLO "
-            f"{document.get('slo')} on {document.get('slo_time')} time): "
+            f"{check.get('slo')} on {check.get('slo_time')} time): "
             f"{'; '.join(parts) or 'no checked level'}.")

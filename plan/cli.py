@@ -1,6 +1,6 @@
 """`compaction-bench plan RUN_DIR`: the capacity plan of a run folder (`make plan RUN=<id>`).
 
-Parses, builds the config, calls `plan.planner.write_plan` and prints where the files went;
+Parses, builds the config, calls `plan.write.write_plan` and prints where the files went;
 known failures end in one line naming the cause (`common.errors.run_cli`)."""
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def plan(
 ) -> None:
     """Write plan.md, plan.json and plots/plan_*.png into RUN_DIR."""
     from compaction_bench.plan.observations import HOST_NOTE
-    from compaction_bench.plan.planner import write_plan
+    from compaction_bench.plan.write import write_plan
 
     config = PlanConfig(run_dir=run_dir, slo=slo, slo_time=slo_time,  # type: ignore[arg-type]
                         extrapolation=extrapolation, agents=agents, gpu_hour_usd=gpu_hour_usd,

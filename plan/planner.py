@@ -1,7 +1,8 @@
 """`make plan`: a run folder's records in, `plan.md`, `plan.json` and plots out.
 
 A pure function of the run folder's records and the config (`build_plan`), rendered afterwards
-(`write_plan`): the same figures land in plan.json (plan/SCHEMA.md), plan.md and the plots.
+(`plan.write.write_plan`): the same figures land in plan.json (plan/SCHEMA.md), plan.md and the
+plots.
 A sweep run gets the whole plan; any other run (the three regimes, the study's imported B300
 records) gets what its records support, and one line for each thing it cannot derive.
 """
@@ -9,8 +10,6 @@ records) gets what its records support, and one line for each thing it cannot de
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -242,26 +241,3 @@ def _simulate(obs: Observations, capacity: dict[str, ArmCapacity], config: PlanC
                                                   max_num_seqs=seqs,
                                                   samples=SIMULATED_SAMPLES, seed=config.seed)
     return sim
-
-
-@dataclass(frozen=True)
-class PlanFiles:
-    markdown: Path
-    json: Path
-    plots: tuple[Path, ...]
-
-
-def write_plan(config: PlanConfig) -> PlanFiles:
-    """Build the plan and write plan.json, plan.md and the plots into the run folder."""
-    from compaction_bench.common.files import write_json_atomic, write_text_atomic
-    from compaction_bench.plan.figures import draw_plots
-    from compaction_bench.plan.planfile import plan_json
-    from compaction_bench.plan.writeup import plan_markdown
-
-    plan = build_plan(config)
-    out = config.run_dir
-    plots = draw_plots(plan, out / "plots") if config.plots else ()
-    document: dict[str, Any] = plan_json(plan, plots)
-    write_json_atomic(out / "plan.json", document)
-    write_text_atomic(out / "plan.md", plan_markdown(plan, document, plots))
-    return PlanFiles(out / "plan.md", out / "plan.json", tuple(plots))

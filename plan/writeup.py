@@ -10,6 +10,7 @@ from typing import Any
 from compaction_bench.common.markdown import table
 from compaction_bench.common.resampling import quantile as hd_quantile
 from compaction_bench.plan.breakeven import BreakEven
+from compaction_bench.plan.check import checked_under
 from compaction_bench.plan.fleettables import fleet_markdown
 from compaction_bench.plan.planner import Plan
 
@@ -77,7 +78,8 @@ def _excluded(excluded: dict[str, int]) -> str:
     return "excluded: " + ", ".join(f"{v} {k}" for k, v in sorted(excluded.items()))
 
 
-def _capacity(plan: Plan, document: dict[str, Any]) -> list[str]:
+def _capacity(plan: Plan, document: dict[str, Any], check: dict[str, Any] | None
+              ) -> list[str]:
     if not plan.sweep:
         return []
     first = next(iter(plan.capacity.values()))
@@ -112,7 +114,7 @@ def _capacity(plan: Plan, document: dict[str, Any]) -> list[str]:
               "(beyond measured range), never a number. Intervals of N and agents include the "
               "curve's own error: past the largest level, each resample's curve is widened by "
               "the band of the top level's leave-one-level-out residual, growing with the "
-              "distance (plan/curve.py `ModelError`).", "", _routing(plan)]
+              "distance (plan/curve.py `ModelError`).", "", _routing(plan, check)]
     lines += [f"- {arm}: N={lv.level} left out of the fit: "
               + ("every continuation failed" if lv.n == 0 else
                  f"{lv.failed}/{lv.n_all} failed{_censored_note(lv.censored)}, so its p"
@@ -241,12 +243,10 @@ def _agents_ci(values: Sequence[float], digits: int = 0, reach: float | None = N
     return f" [{_unbounded(low, digits, reach)}, {_unbounded(high, digits, reach)}]"
 
 
-def _routing(plan: Plan) -> str:
+def _routing(plan: Plan, check: dict[str, Any] | None) -> str:
     """What the GPU counts assume about a router in front of several replicas."""
-    from compaction_bench.plan.check import checked_under
-
     planned = {arm: 2 * cap.agents for arm, cap in plan.capacity.items() if cap.agents}
-    return checked_under(plan.observations.path, planned)
+    return checked_under(check, planned)
 
 
 def _levels(plan: Plan) -> list[str]:
@@ -399,9 +399,10 @@ def _simulation(plan: Plan) -> list[str]:
     return [*lines, ""]
 
 
-def plan_markdown(plan: Plan, document: dict[str, Any], plots: Sequence[Path]) -> str:
-    """The whole plan.md."""
-    lines = _scope(plan) + _capacity(plan, document)
+def plan_markdown(plan: Plan, document: dict[str, Any], plots: Sequence[Path], *,
+                  check: dict[str, Any] | None = None) -> str:
+    """The whole plan.md; `check`: the run's plan_check.json where `make plan-check` ran."""
+    lines = _scope(plan) + _capacity(plan, document, check)
     lines += fleet_markdown(plan.fleet, plan.config.agents, plan.config.target.quantile)
     lines += _levels(plan) + _regimes(plan)
     lines += _breakeven(plan) + _simulation(plan)

@@ -17,8 +17,9 @@ import pytest
 
 from compaction_bench.plan.check import Fleet, check_plan, fleet_of, plan_settings, write_check
 from compaction_bench.plan.observations import observe
-from compaction_bench.plan.planner import build_plan, write_plan
+from compaction_bench.plan.planner import build_plan
 from compaction_bench.plan.settings import PlanConfig, PlanError
+from compaction_bench.plan.write import write_plan
 
 URLS = ["http://127.0.0.1:18401", "http://127.0.0.1:18402"]
 

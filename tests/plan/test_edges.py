@@ -122,7 +122,7 @@ def test_the_curve_plot_draws_arms_without_a_number(make_sweep: Callable[..., Pa
     """Issue 29: with no arm bounded, the curve plot's x limit was `max(x, *())`, a TypeError,
     so `make plan` of an unbounded sweep crashed after the whole bootstrap and wrote nothing.
     Unbounded and beyond-the-reach arms are drawn, and named in the legend."""
-    from compaction_bench.plan.planner import write_plan
+    from compaction_bench.plan.write import write_plan
 
     flat = type(truth)(b=0.0, sigma=0.0)
     bent = type(truth)(a=20.0, b=0.2, c=0.05, sigma=0.1)

@@ -5,12 +5,15 @@ to `compaction_bench.<stage>`, so a wheel installs one top-level package and an 
 imports the same names from the checkout. Everything else about the project is in pyproject.toml.
 """
 
+from pathlib import Path
+from runpy import run_path
+
 from setuptools import find_namespace_packages, setup
 
-# The folders that become subpackages, in import order (each imports only those before it),
-# and the shipped data (files, not code).
-STAGES = ("common", "transport", "serve", "histories", "loadgen", "bench", "plan", "kernels",
-          "data")
+# The folders that become subpackages (compaction_bench/stages.py, their one list, read without
+# importing the package), and the shipped data (files, not code).
+_stages = run_path(str(Path(__file__).parent / "compaction_bench" / "stages.py"))
+STAGES = (*_stages["STAGES"], _stages["DATA"])
 
 package_dir = {"compaction_bench": "compaction_bench"}
 packages = ["compaction_bench"]

@@ -12,6 +12,7 @@ handlers, so a late Ctrl-C leaves neither a server running nor a report half-wri
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from collections.abc import Callable
@@ -184,9 +185,15 @@ def run_session(config: BenchConfig, kind: RunKind, *, stream: TextIO = sys.stde
     found = None
     invoked = time.monotonic()
     with session.stop.signals(stream):
-        with ExitStack() as stack:
-            _setup(session, stack, prints, kind)
-            records, aborted = kind.run(session)
+        try:
+            with ExitStack() as stack:
+                _setup(session, stack, prints, kind)
+                records, aborted = kind.run(session)
+        except BaseException:
+            if manifest is None:  # a new run that failed before it wrote anything (a dead
+                with contextlib.suppress(OSError):  # server) leaves no empty folder behind
+                    run_dir.rmdir()  # never a folder with anything in it
+            raise
         session.phases.add("invocation", invoked, time.monotonic())  # up to the report
         if session.stop.reason is not None:
             aborted = session.stop.reason.message

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -11,10 +13,11 @@ from compaction_bench.common.errors import ExitCode
 from compaction_bench.common.net import api_url, free_port, server_url
 
 
-def run(*args: str) -> subprocess.CompletedProcess[str]:
-    """`compaction-bench ARGS` as a user runs it."""
+def run(*args: str, results: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """`compaction-bench ARGS` as a user runs it (run folders under `results`)."""
+    env = {**os.environ, **({"COMPBENCH_RESULTS": str(results)} if results else {})}
     return subprocess.run([sys.executable, "-m", "compaction_bench", *args], capture_output=True,
-                          text=True, timeout=120, check=False)
+                          text=True, timeout=120, check=False, env=env)
 
 
 def last_line(result: subprocess.CompletedProcess[str]) -> str:
@@ -53,12 +56,15 @@ def test_histories_cli_unknown_task_is_one_line() -> None:
 
 
 @pytest.mark.e2e
-def test_dead_server_is_unavailable_with_the_url(tmp_path: object) -> None:
+def test_dead_server_is_unavailable_with_the_url(tmp_path: Path) -> None:
     port = free_port()
     result = run("bench", "profile=cpu-tiny", f"base_url=http://127.0.0.1:{port}",
-                 "arms=clean", "blocks=1")
+                 "arms=clean", "blocks=1", results=tmp_path)
     assert result.returncode == ExitCode.UNAVAILABLE, result.stderr
     assert f"127.0.0.1:{port}" in last_line(result)
+    # the run recorded nothing: no empty run folder is left behind (one was, in the checkout's
+    # own results/, by this very test until 2026-12-07)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_urls_normalize_either_form() -> None:

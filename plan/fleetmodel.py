@@ -40,7 +40,6 @@ agents); the simulated fleet alone overstated 1 of 6.
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,7 +48,7 @@ import numpy as np
 import simpy
 
 from compaction_bench.common.resampling import quantile as hd_quantile
-from compaction_bench.plan.fleetsim import Step, Trace
+from compaction_bench.plan.fleetsim import SimEngine, Trace
 from compaction_bench.plan.settings import PlanError
 from compaction_bench.serve.routerhash import HashRing
 
@@ -76,8 +75,13 @@ class EngineFit:
         return (self.prefill_base_s + self.prefill_s_per_token * uncached
                 + self.cached_s_per_token * cached)
 
-    def step_s(self, batch: int) -> float:
+    def step_s(self, batch: int, mean_context: float = 0.0) -> float:
         return max(1e-6, self.step_base_s + self.step_s_per_seq * batch)
+
+    @property
+    def context_free(self) -> bool:
+        """A step's cost depends on the batch only (plan.fleetsim.EngineCosts)."""
+        return True
 
 
 def _nonneg_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -136,78 +140,6 @@ def fit_engine(requests: Sequence[Any], slots: int, block_tokens: int) -> Engine
                      cached_s_per_token=float(c), step_base_s=float(s0), step_s_per_seq=float(s1),
                      block_tokens=max(1, block_tokens), n_prefill=len(first),
                      n_levels=len({r.labels["level"] for r in usable}))
-
-
-class _Request:
-    def __init__(self, env: simpy.Environment, step: Step, cached: int) -> None:
-        self.step = step
-        self.cached = cached
-        self.remaining = step.completion_tokens
-        self.done = env.event()
-
-
-class SimEngine:
-    """One simulated replica (module docstring): FIFO admission into `slots`, prefills one
-    after another, then decode steps of every running sequence; between two events the batch
-    is constant, so a run of decode steps is one timeout (an arrival that can be admitted cuts
-    it at the next step boundary)."""
-
-    def __init__(self, env: simpy.Environment, fit: EngineFit) -> None:
-        self.env, self.fit = env, fit
-        self.waiting: deque[_Request] = deque()
-        self.running: list[_Request] = []
-        self.wake = env.event()
-        self.in_flight = 0  # as the router counts it: sent and not yet answered
-        env.process(self._run())
-
-    def submit(self, step: Step, cached: int) -> simpy.Event:
-        request = _Request(self.env, step, cached)
-        self.waiting.append(request)
-        self.in_flight += 1
-        if not self.wake.triggered:
-            self.wake.succeed()
-        return request.done
-
-    def _finish(self) -> None:
-        for r in [r for r in self.running if r.remaining <= 0]:
-            self.running.remove(r)
-            self.in_flight -= 1
-            r.done.succeed()
-
-    def _run(self) -> Generator[simpy.Event, Any, None]:
-        fit = self.fit
-        while True:
-            if not self.waiting and not self.running:
-                self.wake = self.env.event()
-                yield self.wake
-            admitted: list[_Request] = []
-            while self.waiting and len(self.running) + len(admitted) < fit.slots:
-                admitted.append(self.waiting.popleft())
-            if admitted:
-                self.running += admitted
-                yield self.env.timeout(sum(fit.prefill_s(
-                    max(0, r.step.prompt_tokens - r.cached), r.cached) for r in admitted))
-                for r in admitted:
-                    r.remaining -= 1  # the prefill yields the first token
-                self._finish()
-            if not self.running:
-                continue
-            step = fit.step_s(len(self.running))
-            steps = min(r.remaining for r in self.running)
-            start = self.env.now
-            if len(self.running) < fit.slots:  # an arrival may be admitted at a step boundary
-                self.wake = self.env.event()
-                yield self.env.timeout(steps * step) | self.wake
-                done = min(steps, int((self.env.now - start) / step + 1e-9))
-                if done < steps:
-                    done += 1
-                    yield self.env.timeout(max(0.0, start + done * step - self.env.now))
-            else:
-                yield self.env.timeout(steps * step)
-                done = steps
-            for r in self.running:
-                r.remaining -= done
-            self._finish()
 
 
 class SimRouter:

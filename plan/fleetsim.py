@@ -93,29 +93,67 @@ def traces(observations: Observations, arm: str, level: int, *,
     return out
 
 
+class EngineCosts(Protocol):
+    """What one simulated engine costs: its sequence slots, a prefill of uncached and cached
+    prompt tokens, and one decode step of `batch` sequences at their mean context, in seconds.
+    `context_free`: a step's cost does not depend on the context, so a run of steps with the
+    same batch is one event (the fleet model's fit); else every step is one (a cost model)."""
+
+    @property
+    def slots(self) -> int: ...
+
+    @property
+    def context_free(self) -> bool: ...
+
+    def prefill_s(self, uncached: float, cached: float) -> float: ...
+
+    def step_s(self, batch: int, mean_context: float = 0.0) -> float: ...
+
+
+@dataclass(frozen=True)
+class ModelCosts:
+    """A device cost model (`StepCosts`) as an engine's costs, with the profile's slots."""
+
+    costs: StepCosts
+    slots: int
+    context_free: bool = False
+
+    def prefill_s(self, uncached: float, cached: float) -> float:
+        return self.costs.predict_prefill_s(max(1.0, uncached), cached)
+
+    def step_s(self, batch: int, mean_context: float = 0.0) -> float:
+        return self.costs.predict_decode_step_s(batch, mean_context)
+
+
 class _Request:
-    def __init__(self, env: simpy.Environment, step: Step) -> None:
+    def __init__(self, env: simpy.Environment, step: Step, cached: int) -> None:
         self.step = step
+        self.cached = cached
         self.remaining = step.completion_tokens
         self.context = float(step.prompt_tokens)
         self.done = env.event()
 
 
-class Engine:
-    """The simulated engine (module docstring)."""
+class SimEngine:
+    """One simulated engine, vLLM's continuous batching in its plainest form (module docstring),
+    the one engine of this simulator and of the fleet model (plan.fleetmodel): FIFO admission
+    into `slots`, prefills one after another, then decode steps of every running sequence. An
+    arrival that can be admitted is admitted at the next step boundary; with context-free costs
+    a run of steps between two events is one timeout."""
 
-    def __init__(self, env: simpy.Environment, costs: StepCosts, max_num_seqs: int) -> None:
-        self.env = env
-        self.costs = costs
-        self.max_num_seqs = max_num_seqs
+    def __init__(self, env: simpy.Environment, costs: EngineCosts) -> None:
+        self.env, self.costs = env, costs
         self.waiting: deque[_Request] = deque()
         self.running: list[_Request] = []
         self.wake = env.event()
+        self.in_flight = 0  # as a router counts it: sent and not yet answered
         env.process(self._run())
 
-    def submit(self, step: Step) -> simpy.Event:
-        request = _Request(self.env, step)
+    def submit(self, step: Step, cached: int | None = None) -> simpy.Event:
+        """Queue one request; `cached`: its cached prompt tokens (default: as measured)."""
+        request = _Request(self.env, step, step.cached_tokens if cached is None else cached)
         self.waiting.append(request)
+        self.in_flight += 1
         if not self.wake.triggered:
             self.wake.succeed()
         return request.done
@@ -123,33 +161,45 @@ class Engine:
     def _finish(self) -> None:
         for r in [r for r in self.running if r.remaining <= 0]:
             self.running.remove(r)
+            self.in_flight -= 1
             r.done.succeed()
 
     def _run(self) -> Generator[simpy.Event, Any, None]:
+        costs = self.costs
         while True:
             if not self.waiting and not self.running:
                 self.wake = self.env.event()
                 yield self.wake
-            admitted = []
-            while self.waiting and len(self.running) < self.max_num_seqs:
-                request = self.waiting.popleft()
-                admitted.append(request)
-                self.running.append(request)
+            admitted: list[_Request] = []
+            while self.waiting and len(self.running) + len(admitted) < costs.slots:
+                admitted.append(self.waiting.popleft())
             if admitted:
-                yield self.env.timeout(sum(self.costs.predict_prefill_s(
-                    max(1, r.step.prompt_tokens - r.step.cached_tokens), r.step.cached_tokens)
-                    for r in admitted))
+                self.running += admitted
+                yield self.env.timeout(sum(costs.prefill_s(
+                    max(0, r.step.prompt_tokens - r.cached), r.cached) for r in admitted))
                 for r in admitted:
                     r.remaining -= 1  # the prefill yields the first token
                 self._finish()
-            if self.running:
-                batch = len(self.running)
-                context = float(np.mean([r.context for r in self.running]))
-                yield self.env.timeout(self.costs.predict_decode_step_s(batch, context))
-                for r in self.running:
-                    r.remaining -= 1
-                    r.context += 1
-                self._finish()
+            if not self.running:
+                continue
+            step = max(1e-9, costs.step_s(len(self.running), float(
+                np.mean([r.context for r in self.running]))))
+            steps = min(r.remaining for r in self.running) if costs.context_free else 1
+            start = self.env.now
+            if len(self.running) < costs.slots:  # an arrival may be admitted at a step boundary
+                self.wake = self.env.event()
+                yield self.env.timeout(steps * step) | self.wake
+                done = min(steps, int((self.env.now - start) / step + 1e-9))
+                if done < steps:
+                    done += 1
+                    yield self.env.timeout(max(0.0, start + done * step - self.env.now))
+            else:
+                yield self.env.timeout(steps * step)
+                done = steps
+            for r in self.running:
+                r.remaining -= done
+                r.context += done
+            self._finish()
 
 
 def simulate(costs: StepCosts, pool: Sequence[Trace], agents: int, *, max_num_seqs: int,
@@ -159,7 +209,7 @@ def simulate(costs: StepCosts, pool: Sequence[Trace], agents: int, *, max_num_se
         raise PlanError("the simulator needs at least one measured continuation with its "
                         "request records (requests.jsonl)")
     env = simpy.Environment()
-    engine = Engine(env, costs, max_num_seqs)
+    engine = SimEngine(env, ModelCosts(costs, max_num_seqs))
     rng = np.random.default_rng(seed)
     quota = max(1, math.ceil(samples / agents))
     measured: list[float] = []

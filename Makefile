@@ -5,7 +5,8 @@
 # REGIME=overloaded BLOCKS=3` (the list: `make bench-settings`). The bench reads them from the
 # environment (`--from-env`), so this file names none of them. Other variables: PROFILE, PORT,
 # HOST, MODEL, BASE_URL (serve, histories, kernels), ENGINE (cpu|cuda, default: cuda where
-# nvidia-smi lists a GPU), PYTHON, RUN / RUNS (report, compare, plan), PYTEST_ARGS.
+# nvidia-smi lists a GPU), PYTHON, RUN / RUNS (report, compare, plan), PYTEST_ARGS. PORT has no
+# default here: unset, each command takes the suite's one (common/net.py DEFAULT_PORT, 8000).
 
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -14,7 +15,6 @@ PY := $(VENV)/bin/python
 CB := $(VENV)/bin/compaction-bench
 ENGINE ?= $(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU' && echo cuda || echo cpu)
 PROFILE ?= auto
-PORT ?= 8000
 HOST ?= 127.0.0.1
 PYTEST_ARGS ?=
 # The embedded models ship in PyPI packages whose own dependencies (llama-cpp, llm) the suite
@@ -91,7 +91,7 @@ $(STAMP): pyproject.toml setup.py Makefile
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
-SERVE_FLAGS = --profile $(PROFILE) --port $(PORT) --host $(HOST) $(if $(MODEL),--model $(MODEL)) \
+SERVE_FLAGS = --profile $(PROFILE) $(if $(PORT),--port $(PORT)) --host $(HOST) $(if $(MODEL),--model $(MODEL)) \
   $(if $(filter 1,$(SPECULATIVE)),--speculative) $(if $(filter 1,$(EXPERT_PARALLEL)),--expert-parallel) \
   $(if $(REPLICAS),--replicas $(REPLICAS)) $(if $(ROUTER_POLICY),--router-policy $(ROUTER_POLICY)) \
   $(if $(REPLICA_CPUS),--replica-cpus $(REPLICA_CPUS)) \
@@ -107,8 +107,8 @@ profiles: install
 	$(CB) profiles
 
 histories: install
-	$(CB) histories acquire --profile $(PROFILE) --port $(PORT) $(if $(TASK),--task $(TASK)) $(if $(BASE_URL),--base-url $(BASE_URL))
-	$(CB) histories arms --profile $(PROFILE) --port $(PORT) $(if $(TASK),--task $(TASK)) $(if $(BASE_URL),--base-url $(BASE_URL)) $(if $(EXTERNAL_URL),--external-url $(EXTERNAL_URL)) $(if $(ARMS),--arms $(ARMS)) $(if $(SCORER),--scorer $(SCORER))
+	$(CB) histories acquire --profile $(PROFILE) $(if $(PORT),--port $(PORT)) $(if $(TASK),--task $(TASK)) $(if $(BASE_URL),--base-url $(BASE_URL))
+	$(CB) histories arms --profile $(PROFILE) $(if $(PORT),--port $(PORT)) $(if $(TASK),--task $(TASK)) $(if $(BASE_URL),--base-url $(BASE_URL)) $(if $(EXTERNAL_URL),--external-url $(EXTERNAL_URL)) $(if $(ARMS),--arms $(ARMS)) $(if $(SCORER),--scorer $(SCORER))
 
 import: install
 	@test -n "$(FILE)" || { echo "usage: make import FILE=<trajectory or message log> [FORK=<message index>] [OUT=<dir>/<task>/clean.json] [TASK=<id>]"; exit 2; }
@@ -161,7 +161,7 @@ fleet-truth: install
 	  $(if $(SEED),--seed $(SEED))
 
 kernels: install
-	$(CB) kernels run --profile $(PROFILE) --port $(PORT) $(if $(BASE_URL),--base-url $(BASE_URL))
+	$(CB) kernels run --profile $(PROFILE) $(if $(PORT),--port $(PORT)) $(if $(BASE_URL),--base-url $(BASE_URL))
 
 kernels-gpu: install
 	PY=$(PY) kernels/device_check.sh

@@ -9,6 +9,9 @@ import socket
 from compaction_bench.common.errors import SuiteError
 
 API_SUFFIX = "/v1"
+# The one default server port: `make serve`, the router in front of replicas, and every command
+# that reaches the local server (PORT= / --port change it; replicas take PORT+2, PORT+3, ...).
+DEFAULT_PORT = 8000
 
 
 def server_url(url: str) -> str:

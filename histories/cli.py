@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 
 from compaction_bench.common.errors import ExitCode, SuiteError
+from compaction_bench.common.net import DEFAULT_PORT
 from compaction_bench.common.paths import histories_root, study_root
 from compaction_bench.histories.agent.acquisition import acquire
 from compaction_bench.histories.agent.audit import audit as render_audit
@@ -67,7 +68,7 @@ RootOpt = Annotated[Path | None, typer.Option(
 @app.command("acquire")
 def acquire_cmd(
     task: Annotated[str, typer.Option(help="task id, or 'all' for every runnable task")] = "all",
-    profile: ProfileOpt = "auto", port: int = 8000, base_url: UrlOpt = None, seed: int = 0,
+    profile: ProfileOpt = "auto", port: int = DEFAULT_PORT, base_url: UrlOpt = None, seed: int = 0,
     fork_turn: Annotated[int | None, typer.Option(help="override the task's fork turn",
                                                   min=1)] = None,
     out: RootOpt = None,
@@ -117,7 +118,7 @@ def arms_cmd(
         help="comma-separated arm names (clean and placebo need no file and are skipped)")] = (
         ",".join(DEFAULT_ARMS)),
     profile: Annotated[str, typer.Option(help="the target's profile ('auto')")] = "auto",
-    port: int = 8000,
+    port: int = DEFAULT_PORT,
     base_url: UrlOpt = None,
     external_profile: str = EXTERNAL_COMPRESSOR_PROFILE,
     external_port: int = 8001,
@@ -198,7 +199,7 @@ _SHOWN = ("blocks", "rewritten", "identity-short", "reverted-not-shorter", "fail
 
 
 @app.command("audit")
-def audit_cmd(path: Path, profile: ProfileOpt = "auto", port: int = 8000,
+def audit_cmd(path: Path, profile: ProfileOpt = "auto", port: int = DEFAULT_PORT,
               base_url: UrlOpt = None, model: str = "target",
               json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Render two consecutive requests of a history through the server's /tokenize."""
@@ -289,7 +290,7 @@ def export_cmd(path: Path, out: Path) -> None:
 
 
 @app.command("continue")
-def continue_cmd(path: Path, profile: ProfileOpt = "auto", port: int = 8000,
+def continue_cmd(path: Path, profile: ProfileOpt = "auto", port: int = DEFAULT_PORT,
                  base_url: UrlOpt = None, seed: int = 0,
                  step_limit: Annotated[int | None, typer.Option(min=1)] = None) -> None:
     """Continue a saved history from its fork to a terminal status; print the timing."""

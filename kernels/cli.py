@@ -10,6 +10,8 @@ from typing import Annotated
 
 import typer
 
+from compaction_bench.common.net import DEFAULT_PORT
+
 app = typer.Typer(help="Measured device costs: micro-benchmarks, server probes, cost-model fits.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 
@@ -17,7 +19,8 @@ app = typer.Typer(help="Measured device costs: micro-benchmarks, server probes, 
 @app.command()
 def run(
     profile: Annotated[str, typer.Option(help="server profile; 'auto': for this machine")] = "auto",
-    port: Annotated[int, typer.Option(help="the profile server's port", min=1, max=65535)] = 8000,
+    port: Annotated[int, typer.Option(help="the profile server's port", min=1,
+                                      max=65535)] = DEFAULT_PORT,
     base_url: Annotated[str | None, typer.Option(
         help="probe this server instead (with or without /v1)")] = None,
     out_dir: Annotated[Path | None, typer.Option(

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import psutil
 
+from compaction_bench.common.net import DEFAULT_PORT
 from compaction_bench.common.paths import cache_dir
 from compaction_bench.loadgen.fakeprocess import FakeConfig, FakeProcess
 from compaction_bench.serve.endpoints import is_healthy
@@ -366,7 +367,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repetitions", type=int, default=3,
                         help="measurements per client and level (medians are printed)")
     parser.add_argument("--window-s", type=float, default=20.0, help="CPU measuring window")
-    parser.add_argument("--vllm-url", default="http://127.0.0.1:8000",
+    parser.add_argument("--vllm-url", default=f"http://127.0.0.1:{DEFAULT_PORT}",
                         help="a running vLLM server for the cpu-tiny overloaded figure")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
     parser.add_argument("--skip-accuracy", action="store_true")

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from compaction_bench.bench.run.config import LOLO_CONTINUATIONS
 from compaction_bench.common.markdown import table
 from compaction_bench.common.resampling import quantile as hd_quantile
 from compaction_bench.plan.breakeven import BreakEven
@@ -294,7 +295,8 @@ def _levels(plan: Plan) -> list[str]:
     return [*lines, ""]
 
 
-LOLO_CHECKED = 32  # continuations per level at which the LOLO figure was checked (issue 29)
+# continuations per level at which the LOLO figure was checked, the GPU sweep's default
+LOLO_CHECKED = LOLO_CONTINUATIONS
 
 
 def _lolo_coverage(cap: Any) -> str:

@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from compaction_bench.common.files import write_json_atomic
+from compaction_bench.common.net import DEFAULT_PORT
 from compaction_bench.common.paths import run_state_dir
 from compaction_bench.serve.command import cpu_list, profile_env, redacted
 from compaction_bench.serve.launcher import (
@@ -84,7 +85,7 @@ def _check(server: Server) -> SelfCheckReport:
 @app.command("serve")
 def serve(
     profile: ProfileOpt = "auto",
-    port: Annotated[int, typer.Option(help="TCP port", min=1, max=65535)] = 8000,
+    port: Annotated[int, typer.Option(help="TCP port", min=1, max=65535)] = DEFAULT_PORT,
     host: Annotated[str, typer.Option(help="bind address (HOST)")] = "127.0.0.1",
     model: Annotated[str | None, typer.Option(help="override the profile's model source")] = None,
     background: Annotated[bool, typer.Option(help="return once healthy; `stop` ends it")] = False,
@@ -160,7 +161,7 @@ def serve(
 @app.command()
 def check(
     profile: ProfileOpt = "auto",
-    port: Annotated[int, typer.Option(help="the local server's port")] = 8000,
+    port: Annotated[int, typer.Option(help="the local server's port")] = DEFAULT_PORT,
     base_url: Annotated[str | None, typer.Option(help="a server elsewhere (with or without "
                                                  "/v1); default: 127.0.0.1:PORT")] = None,
     speculative: SpecOpt = None,
@@ -214,7 +215,7 @@ def profiles() -> None:
         typer.echo(f"{name:32} {p.engine:4}  {p.description}")
 
 
-def show(profile: str = "auto", *, port: int = 8000, host: str = "127.0.0.1",
+def show(profile: str = "auto", *, port: int = DEFAULT_PORT, host: str = "127.0.0.1",
          model: str | None = None, speculative: bool | None = None,
          expert_parallel: bool | None = None, share: HostShare = NO_SHARE) -> str:
     """The exact server command, its environment and the self-check plan of a profile
@@ -248,7 +249,7 @@ def show(profile: str = "auto", *, port: int = 8000, host: str = "127.0.0.1",
     return "\n".join(lines)
 
 
-def show_replicas(profile: str, replicas: int, policy: str, *, port: int = 8000,
+def show_replicas(profile: str, replicas: int, policy: str, *, port: int = DEFAULT_PORT,
                   host: str = "127.0.0.1", share: HostShare = NO_SHARE) -> str:
     """What `make serve REPLICAS=n DRY_RUN=1` adds: each replica's port and pinning, and the
     router's command."""

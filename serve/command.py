@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from compaction_bench.common.net import api_url
+from compaction_bench.common.net import DEFAULT_PORT, api_url
 from compaction_bench.serve.profile import Profile
 from compaction_bench.serve.share import cgroup_path, cgroup_prefix
 
@@ -36,7 +36,7 @@ class ServerConfig:
 
     profile: Profile
     host: str = "127.0.0.1"
-    port: int = 8000
+    port: int = DEFAULT_PORT
     api_key: str | None = None
     model: str | None = None
     ready_timeout_s: float = 900.0

@@ -26,7 +26,7 @@ from typing import IO
 
 import httpx
 
-from compaction_bench.common.net import server_url
+from compaction_bench.common.net import DEFAULT_PORT, server_url
 from compaction_bench.common.paths import run_state_dir
 from compaction_bench.common.processtree import stop_tree
 from compaction_bench.serve.errors import EngineUnavailableError, ServerStartError
@@ -89,7 +89,7 @@ class RouterConfig:
     worker_urls: tuple[str, ...]
     policy: str = DEFAULT_POLICY
     host: str = "127.0.0.1"
-    port: int = 8000
+    port: int = DEFAULT_PORT
     metrics_port: int | None = None  # its own Prometheus counters; None: port + 1000
     ready_timeout_s: float = 60.0
 

@@ -22,6 +22,8 @@ import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from compaction_bench.common.net import DEFAULT_PORT
+
 _M = 0xC6A4A7935BD1E995
 _MASK = (1 << 64) - 1
 _R = 47
@@ -146,7 +148,8 @@ class HashRing:
         return self.owners[at % len(self.points)]
 
 
-def layout_urls(replicas: int, port: int = 8000, host: str = "127.0.0.1") -> tuple[str, ...]:
+def layout_urls(replicas: int, port: int = DEFAULT_PORT,
+                host: str = "127.0.0.1") -> tuple[str, ...]:
     """The replica URLs `make serve REPLICAS=n` gives on PORT (serve.replicas: PORT+2+i), which
     a plan assumes where the fleet's own URLs are not known."""
     return tuple(f"http://{host}:{port + 2 + i}" for i in range(replicas))

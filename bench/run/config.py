@@ -15,7 +15,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from compaction_bench.common.errors import SuiteError
-from compaction_bench.common.net import server_url
+from compaction_bench.common.net import DEFAULT_PORT, server_url
 from compaction_bench.common.paths import results_dir
 from compaction_bench.common.slo import parse_slo
 from compaction_bench.serve.profile import Profile
@@ -37,6 +37,13 @@ DEFAULT_BLOCKS = {
 # Replay on a CPU: enough dedicated blocks for a real 95% interval (6 is the fewest whose
 # order-statistic interval of a median covers 95%: bench/analysis/stats.py) in a first run of
 # minutes.
+# Measured continuations per arm and level of a sweep, by default: on GPU profiles, where a plan
+# buys hardware, what the plan's leave-one-level-out (LOLO) error needs: on synthetic truth it
+# is <= 6% for interior levels in 87-97% of seeds at 32 per level, in 68-80% at 8 (issue 29;
+# docs/planning.md, "how far it reaches"); plan.md warns below it. On CPU and the fake engine,
+# 8: they test the machinery, and a cpu-tiny level of 32 continuations takes most of an hour.
+LOLO_CONTINUATIONS = 32
+SWEEP_CONTINUATIONS = {"cuda": LOLO_CONTINUATIONS, "cpu": 8, "fake": 8}
 DEFAULT_REPLAY_BLOCKS = {"dedicated": 6, "shared": 6, "overloaded": 2}
 # Arm names that are not compaction policies: the reference, and a copy of its history under
 # another name, with its own sampling seed and cache salt (`arm_seed`, `cache_salt`): an A/A,
@@ -73,9 +80,10 @@ class SweepSettings(BaseModel):
     levels: tuple[int, ...] | None = Field(
         default=None, description="fleet sizes N (e.g. 1,2,4); default: powers of two up to "
         "2 x max_num_seqs, and max_num_seqs itself")
-    min_continuations: int = Field(
-        default=8, gt=0, description="measured continuations per arm and level at least "
-        "; each agent runs ceil(this / N) of them")
+    min_continuations: int | None = Field(
+        default=None, gt=0, description="measured continuations per arm and level at least; "
+        "each agent runs ceil(this / N) of them; default 32 on GPU profiles (what the plan's "
+        "leave-one-level-out error needs, docs/planning.md), 8 on CPU and the fake engine")
     level_s: float = Field(
         default=0.0, ge=0, description="each agent keeps starting measured continuations until "
         "the level has run this long")
@@ -91,6 +99,15 @@ class SweepSettings(BaseModel):
             raise ValueError(f"levels must be positive fleet sizes, got {list(value)} "
                              "(e.g. SWEEP_LEVELS=1,2,4,8)")
         return tuple(sorted(set(value)))
+
+    @property
+    def continuations(self) -> int:
+        """`min_continuations`, resolved for the run's profile (`BenchConfig.for_profile`)."""
+        if self.min_continuations is None:
+            raise BenchError("the sweep's continuations per level come from the profile: "
+                             "resolve the config with BenchConfig.for_profile, or set "
+                             "SWEEP_MIN_CONTINUATIONS")
+        return self.min_continuations
 
     def levels_for(self, max_num_seqs: int) -> tuple[int, ...]:
         """The levels given, or 1, 2, 4, ... up to 2 x max_num_seqs with max_num_seqs itself."""
@@ -145,8 +162,8 @@ class BenchConfig(BaseModel):
                         "the runs beside the interval (blocks stays per run)")
     profile: str = Field(default="auto", description="server profile, or 'auto' for this "
                          "machine")
-    port: int = Field(default=8000, gt=0, lt=65536, description="the port of the server the "
-                      "run starts (the embedded compressor takes port + 1)")
+    port: int = Field(default=DEFAULT_PORT, gt=0, lt=65536, description="the port of the "
+                      "server the run starts (the embedded compressor takes port + 1)")
     base_url: str | None = Field(
         default=None, description="measure the server at this URL (with or without /v1) "
         "instead of starting the profile's")
@@ -361,8 +378,12 @@ class BenchConfig(BaseModel):
                              "history-only continuation reuses clean's recorded turns")
         cache = self.cache or ("isolated" if source == "replay" else "shared")
         together = self.side_by_side if self.side_by_side is not None else source == "agent"
+        sweep = self.sweep
+        if sweep.min_continuations is None:
+            sweep = sweep.model_copy(update={
+                "min_continuations": SWEEP_CONTINUATIONS[profile.engine]})
         return self.model_copy(update={"source": source, "arms": arms, "cache": cache,
-                                       "side_by_side": together})
+                                       "side_by_side": together, "sweep": sweep})
 
     def position(self, block: int) -> int:
         """Block `block`'s position in its run under REPEAT (blocks interleave run by run): its

@@ -122,7 +122,7 @@ def run_cell(arm: Arm, level: int, *, settings: BlockSettings, sweep: SweepSetti
     not checked). When `stopped()` turns true no agent starts another continuation; the cell
     is `interrupted`."""
     started = clock()
-    fleet = Fleet(agents=level, quota=max(1, math.ceil(sweep.min_continuations / level)),
+    fleet = Fleet(agents=level, quota=max(1, math.ceil(sweep.continuations / level)),
                    warmup=sweep.warmup, level_s=sweep.level_s, started_s=started, clock=clock)
     records: list[ArmRecord] = []
     lock = threading.Lock()

@@ -7,11 +7,12 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from compaction_bench.bench.run.config import BenchConfig, SweepSettings
+from compaction_bench.bench.run.config import BenchConfig, BenchError, SweepSettings
 from compaction_bench.bench.run.fleet import continuation_block
 from compaction_bench.bench.run.sweep import SWEEP_FILE, finished_cells
 from compaction_bench.bench.runfolder import ArmRecord, write_records
 from compaction_bench.common.files import JsonlWriter
+from compaction_bench.serve.profile import load_profile
 
 
 def test_default_levels_double_up_to_twice_the_sequence_limit() -> None:
@@ -23,6 +24,18 @@ def test_default_levels_double_up_to_twice_the_sequence_limit() -> None:
         SweepSettings(levels=(0, 2))
     config = BenchConfig(regime="sweep", sweep={"levels": [1, 2], "min_continuations": 3})
     assert config.sweep.levels == (1, 2) and config.sweep.min_continuations == 3
+
+
+def test_continuations_per_level_default_to_what_lolo_needs_on_gpu_and_8_on_cpu() -> None:
+    sweep = BenchConfig(regime="sweep")
+    with pytest.raises(BenchError, match="SWEEP_MIN_CONTINUATIONS"):
+        _ = sweep.sweep.continuations  # unresolved: never a silent fallback
+    gpu = load_profile("b300-deepseek-v4-flash-nvfp4")
+    assert sweep.for_profile(gpu).sweep.continuations == 32
+    assert sweep.for_profile(load_profile("cpu-tiny")).sweep.continuations == 8
+    assert sweep.for_profile(load_profile("fake-fleet")).sweep.continuations == 8
+    given = BenchConfig(regime="sweep", sweep={"min_continuations": 5})
+    assert given.for_profile(gpu).sweep.continuations == 5
 
 
 def test_resume_skips_finished_cells_and_reruns_a_cut_one_as_its_next_pass(tmp_path: Path

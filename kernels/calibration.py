@@ -18,12 +18,18 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from compaction_bench.common.net import DEFAULT_PORT
 from compaction_bench.common.provenance import cpu_model, host_facts
 from compaction_bench.kernels.costmodel import fit_phases
 from compaction_bench.kernels.fitreport import fit_lines
 from compaction_bench.kernels.limits import DeviceLimits
 from compaction_bench.kernels.measurement import HEADER, row
-from compaction_bench.kernels.resultfile import file_name, new_document, results_dir, write_results
+from compaction_bench.kernels.resultfile import (
+    file_name,
+    kernel_results_dir,
+    new_document,
+    write_results,
+)
 from compaction_bench.kernels.shapes import shape_for_profile
 
 Say = Callable[[str], None]
@@ -35,7 +41,7 @@ class CalibrationConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     profile: str = "auto"
-    port: int = Field(default=8000, ge=1, le=65535)
+    port: int = Field(default=DEFAULT_PORT, ge=1, le=65535)
     base_url: str | None = None
     out_dir: Path | None = None
     micro: bool = True
@@ -111,7 +117,7 @@ def calibrate(config: CalibrationConfig, *, argv: list[str], say: Say = print) -
             for line in fit_lines(document["fits"]):
                 say(line)
     model_slug = shape.name if (config.probe or config.micro) else "none"
-    path = (config.out_dir or results_dir()) / file_name(device["slug"], model_slug,
+    path = (config.out_dir or kernel_results_dir()) / file_name(device["slug"], model_slug,
                                                          engine_slug)
     write_results(document, path)
     say(f"[kernels] wrote {path}")

@@ -25,7 +25,12 @@ from typing import Any
 
 from compaction_bench.common.errors import ExitCode, SuiteError, UnavailableError, fail
 from compaction_bench.common.files import read_jsonl
-from compaction_bench.kernels.resultfile import file_name, new_document, results_dir, write_results
+from compaction_bench.kernels.resultfile import (
+    file_name,
+    kernel_results_dir,
+    new_document,
+    write_results,
+)
 from compaction_bench.serve.hardware import driver_version
 
 NO_GPU = "needs a CUDA GPU; on this machine run `make kernels`"
@@ -161,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="NVML sampling around the matmul loop (default 10)")
     args = parser.parse_args(args_list)
     try:
-        run_device_check(args.out_dir or results_dir(), quick=args.quick,
+        run_device_check(args.out_dir or kernel_results_dir(), quick=args.quick,
                          sampler_seconds=args.sampler_seconds, argv=["device_check", *args_list])
     except SuiteError as exc:
         fail(str(exc), exc.exit_code)

@@ -38,7 +38,7 @@ class ResultsError(SuiteError):
     """A results file is missing, unreadable or not in the documented format."""
 
 
-def results_dir() -> Path:
+def kernel_results_dir() -> Path:
     """`kernels/results/` of the checkout: results are committed beside the code."""
     return repo_root() / "kernels" / "results"
 
@@ -90,7 +90,7 @@ def read_results(path: str | Path) -> dict[str, Any]:
         document = json.loads(file.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ResultsError(f"{file}: no such results file (make kernels writes them to "
-                           f"{results_dir()})") from None
+                           f"{kernel_results_dir()})") from None
     except OSError as exc:
         raise ResultsError(f"{file}: cannot read ({exc.strerror})") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:

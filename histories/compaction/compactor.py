@@ -44,8 +44,8 @@ from compaction_bench.common.files import append_jsonl, read_jsonl
 from compaction_bench.common.timing import Clock, monotonic
 from compaction_bench.histories.compaction.endpoint import (
     Completion,
+    CompletionError,
     EndpointConfig,
-    EndpointError,
     RecordSink,
     complete,
 )
@@ -323,7 +323,7 @@ class Compactor:
             try:
                 got = complete(endpoint, self._messages(user), max_tokens=cap, clock=self.clock,
                                seed=seed, on_record=self.on_record)
-            except EndpointError as exc:
+            except CompletionError as exc:
                 error = str(exc)
                 continue
             drafts.append(got)

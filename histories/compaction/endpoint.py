@@ -5,7 +5,7 @@ every other request is and its record can go to the run's `requests.jsonl` (sour
 `<arm>/compressor`). A rewrite is consumed whole: its latency (send to last byte) is what the
 ledger records. The API key comes from the environment variable the config names, never from a
 file. Anything that goes wrong in the request, including a 200 answer that is not a chat
-completion, becomes `EndpointError` naming the URL: callers record it at the per-block boundary.
+completion, becomes `CompletionError` naming the URL: callers record it at the per-block boundary.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class EndpointConfig(BaseModel):
         return api_url(value)
 
 
-class EndpointError(RuntimeError):
+class CompletionError(RuntimeError):
     """The endpoint did not return a usable chat completion."""
 
 
@@ -82,7 +82,7 @@ def complete(config: EndpointConfig, messages: list[dict[str, str]], *, max_toke
     if on_record is not None:
         on_record(record)
     if not record.ok:
-        raise EndpointError(
+        raise CompletionError(
             f"{config.api_url} (model {config.model!r}): {record.error}; is the compressor "
             "server running (`make serve`, or the profile cpu-gemma-compressor)?")
     latency = (record.end_s or record.sent_s) - record.sent_s

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict
 
 from compaction_bench.common.errors import SuiteError
 from compaction_bench.common.timing import Clock, monotonic
-from compaction_bench.histories.compaction.endpoint import EndpointConfig, EndpointError, complete
+from compaction_bench.histories.compaction.endpoint import CompletionError, EndpointConfig, complete
 from compaction_bench.histories.compaction.prompts import load_prompt
 from compaction_bench.histories.compaction.redaction import redact
 from compaction_bench.histories.format.history import message_action
@@ -117,7 +117,7 @@ def judge_block(raw: str, record: str, tool_call: str, config: JudgeConfig, *,
         got = complete(config.endpoint, messages, max_tokens=config.max_tokens, clock=clock)
         response, latency = got.text, got.latency_s
         data = parse_verdict(got.text)
-    except (EndpointError, ValueError) as exc:
+    except (CompletionError, ValueError) as exc:
         return Verdict(passed=False, verdict=None, critical_or_material_issue=None,
                        future_result_leakage=None, requested_action_preserved=None,
                        explanation=None, error=f"{type(exc).__name__}: {exc}", response=response,

@@ -18,12 +18,13 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import FrameType, TracebackType
+from types import TracebackType
 from typing import IO
 
 import psutil
 
 from compaction_bench.common.files import append_jsonl
+from compaction_bench.common.interrupt import interrupt_on
 from compaction_bench.common.net import api_url, server_url
 from compaction_bench.common.paths import run_state_dir
 from compaction_bench.common.processtree import stop_tree
@@ -264,38 +265,30 @@ def serve_foreground(config: ServerConfig, *, after_ready: object = None) -> int
     serve-time self-check); an exception from it stops the server and propagates.
     """
     server = Server(config)
-    previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGTERM,
-                                                                     signal.SIGHUP)}
-    try:
-        server.start(echo=True)
-        server.wait_ready()
-        if callable(after_ready):
-            after_ready(server)
-        names = ", ".join(config.profile.model.served_names)
-        print(
-            f"\n== serving {names} at {server.api_url} (profile {config.profile.name}); "
-            "Ctrl-C or `make stop` stops it ==",
-            flush=True,
-        )
-        assert server.process is not None
-        code = server.process.wait()
-        server._cleanup()
-        print(f"== server exited with code {code} ==", file=sys.stderr)
-        return 0 if code in (0, -signal.SIGTERM) else 1
-    except KeyboardInterrupt:
-        print("\n== stopping the server ==", file=sys.stderr, flush=True)
-        server.stop()
-        return 0
-    except BaseException:
-        server.stop()
-        raise
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
+    with interrupt_on(signal.SIGTERM, signal.SIGHUP):
+        try:
+            server.start(echo=True)
+            server.wait_ready()
+            if callable(after_ready):
+                after_ready(server)
+            names = ", ".join(config.profile.model.served_names)
+            print(
+                f"\n== serving {names} at {server.api_url} (profile {config.profile.name}); "
+                "Ctrl-C or `make stop` stops it ==",
+                flush=True,
+            )
+            assert server.process is not None
+            code = server.process.wait()
+            server._cleanup()
+            print(f"== server exited with code {code} ==", file=sys.stderr)
+            return 0 if code in (0, -signal.SIGTERM) else 1
+        except KeyboardInterrupt:
+            print("\n== stopping the server ==", file=sys.stderr, flush=True)
+            server.stop()
+            return 0
+        except BaseException:
+            server.stop()
+            raise
 
 
 class LazyServer:

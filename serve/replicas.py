@@ -20,10 +20,10 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from types import FrameType
 from typing import Any
 
 from compaction_bench.common.errors import SuiteError
+from compaction_bench.common.interrupt import interrupt_on
 from compaction_bench.serve.command import cpu_list
 from compaction_bench.serve.endpoints import ServerEndpoints
 from compaction_bench.serve.hardware import detect_gpus
@@ -216,41 +216,36 @@ def serve_fleet(config: FleetConfig, *, check: Callable[[Server], object] | None
     router (`router_check`), print the banner, and wait; Ctrl-C, SIGTERM or SIGHUP, or any
     process of the fleet exiting, stops them all. Returns the exit code for the CLI."""
     fleet = Fleet(config)
-    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        names = ", ".join(f"{s.server_url} (CPUs {cpu_list(s.config.cpus) or 'any'}"
-                          + (f", quota {s.config.cpu_quota:g} CPU" if s.config.cpu_quota else "")
-                          + ")" for s in fleet.servers)
-        print(f"== starting {config.replicas} replicas of {config.server.profile.name}: "
-              f"{names}; logs in {fleet.servers[0].log_path.parent} ==", flush=True)
-        fleet.start()
-        print(f"== replicas and router healthy in {fleet.ready_s:.1f} s ==", flush=True)
-        for server in fleet.servers:
-            if check is not None:
-                print(f"-- self-check of replica {server.server_url}", flush=True)
-                check(server)
-        if router_check is not None:
-            for line in router_check(fleet):
-                print(line, flush=True)
-        print(f"\n== serving {config.replicas} replicas of {config.server.profile.name} "
-              f"behind vllm-router ({config.policy}) at {fleet.api_url}; Ctrl-C or `make stop` "
-              "stops them all ==", flush=True)
-        while (gone := fleet.exited()) is None:
-            time.sleep(0.5)
-        print(f"== {gone[0]}; stopping the others ==", file=sys.stderr, flush=True)
-        fleet.stop()
-        return 0 if gone[1] in (0, -signal.SIGTERM) else 1  # `make stop` ends it with SIGTERM
-    except KeyboardInterrupt:
-        print("\n== stopping the router and the replicas ==", file=sys.stderr, flush=True)
-        fleet.stop()
-        return 0
-    except BaseException:
-        fleet.stop()
-        raise
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    with interrupt_on(signal.SIGTERM, signal.SIGHUP):
+        try:
+            names = ", ".join(
+                f"{s.server_url} (CPUs {cpu_list(s.config.cpus) or 'any'}"
+                + (f", quota {s.config.cpu_quota:g} CPU" if s.config.cpu_quota else "")
+                + ")" for s in fleet.servers)
+            print(f"== starting {config.replicas} replicas of {config.server.profile.name}: "
+                  f"{names}; logs in {fleet.servers[0].log_path.parent} ==", flush=True)
+            fleet.start()
+            print(f"== replicas and router healthy in {fleet.ready_s:.1f} s ==", flush=True)
+            for server in fleet.servers:
+                if check is not None:
+                    print(f"-- self-check of replica {server.server_url}", flush=True)
+                    check(server)
+            if router_check is not None:
+                for line in router_check(fleet):
+                    print(line, flush=True)
+            print(f"\n== serving {config.replicas} replicas of {config.server.profile.name} "
+                  f"behind vllm-router ({config.policy}) at {fleet.api_url}; Ctrl-C or `make stop` "
+                  "stops them all ==", flush=True)
+            while (gone := fleet.exited()) is None:
+                time.sleep(0.5)
+            print(f"== {gone[0]}; stopping the others ==", file=sys.stderr, flush=True)
+            fleet.stop()
+            return 0 if gone[1] in (0, -signal.SIGTERM) else 1  # `make stop` ends it with SIGTERM
+        except KeyboardInterrupt:
+            print("\n== stopping the router and the replicas ==", file=sys.stderr, flush=True)
+            fleet.stop()
+            return 0
+        except BaseException:
+            fleet.stop()
+            raise
 
-
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt

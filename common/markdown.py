@@ -1,12 +1,35 @@
 """Markdown tables, written one way: report.md, plan.md and the fault table all use `table`.
 
 A cell is escaped so that it cannot break its row: a `|` becomes `\\|` and a line break `<br>`
-(GitHub-flavoured Markdown renders both inside a cell).
+(GitHub-flavoured Markdown renders both inside a cell). A figure is written by `number` or
+`percent`, which show a missing one (None or NaN) the same way everywhere: `MISSING`.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
+
+MISSING = "-"  # a figure that does not exist (not measured, not defined), in every table
+
+
+def _missing(value: float | None) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def number(value: float | None, digits: int = 2) -> str:
+    """`value` with `digits` decimals, or `MISSING`."""
+    return MISSING if value is None or _missing(value) else f"{value:.{digits}f}"
+
+
+def percent(value: float | None, digits: int = 1, *, fraction: bool = False,
+            sign: bool = False) -> str:
+    """`value` in percent (`fraction`: given as a fraction, 0.25 -> 25%; `sign`: +/-), or
+    `MISSING`."""
+    if value is None or _missing(value):
+        return MISSING
+    shown = 100.0 * value if fraction else value
+    return f"{shown:{'+' if sign else ''}.{digits}f}%"
 
 
 def cell(text: str) -> str:

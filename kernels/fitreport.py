@@ -5,15 +5,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from compaction_bench.common.markdown import number, percent
 from compaction_bench.kernels.costmodel import CostModel
 
 
 def _pct(value: float | None) -> str:
-    return f"{value:.1f}%" if value is not None else "-"
+    return percent(value, 1)
 
 
 def _ms(value: float | None) -> str:
-    return f"{value * 1e3:.2f}" if value is not None else "-"
+    return number(None if value is None else value * 1e3, 2)
 
 
 def _coefficients(values: dict[str, Any]) -> str:

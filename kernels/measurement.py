@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from compaction_bench.common.markdown import percent
 from compaction_bench.kernels.limits import DeviceLimits
 from compaction_bench.kernels.stopwatch import Timing
 
@@ -115,7 +116,7 @@ def _duration(seconds: float | None) -> str:
 
 
 def _pct(value: float | None) -> str:
-    return f"{100.0 * value:.1f}%" if value is not None else "-"
+    return percent(value, 1, fraction=True)
 
 
 # shown in the results file, left out of the table

@@ -33,7 +33,6 @@ were checked under (`checked_under`).
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -43,7 +42,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from compaction_bench.common.files import write_json_atomic, write_text_atomic
-from compaction_bench.common.markdown import table
+from compaction_bench.common.markdown import MISSING, number, percent, table
 from compaction_bench.common.resampling import interval
 from compaction_bench.common.resampling import quantile as hd_quantile
 from compaction_bench.plan.capacity import _levels, _resample
@@ -233,10 +232,6 @@ def check_plan(config: PlanConfig, check_runs: list[Path], replicas: int | None 
     return plan, rows
 
 
-def _fmt(value: float | None, digits: int = 1) -> str:
-    return "-" if value is None or math.isnan(value) else f"{value:.{digits}f}"
-
-
 def check_document(plan: Plan, rows: list[CheckRow]) -> dict[str, Any]:
     return {"schema": CHECK_SCHEMA, "schema_version": CHECK_SCHEMA_VERSION,
             "plan_run": plan.observations.run_id,
@@ -260,18 +255,18 @@ def check_markdown(plan: Plan, rows: list[CheckRow]) -> str:
              "(plan/check.py).", ""]
     lines += [f"{note}\n" for note in plan.notes if note.startswith((SHARE_NOTE, HOST_NOTE))]
     cells = [[r.policy, str(r.replicas), r.arm, f"{r.level}{' (planned)' if r.planned else ''}",
-              f"{_fmt(r.predicted_s)}{' (extrapolated)' if r.extrapolated else ''}"
+              f"{number(r.predicted_s, 1)}{' (extrapolated)' if r.extrapolated else ''}"
               f"{' (even split)' if r.model != 'fleet model' else ''}"
               if r.predicted_s is not None else "beyond measured range",
               "missed (failures)" if r.measured_s is None else
-              f"{_fmt(r.measured_s)} [{_fmt(r.measured_ci[0] if r.measured_ci else None)}, "
-              f"{_fmt(r.measured_ci[1] if r.measured_ci else None)}]",
-              _fmt(r.slo_s), "yes" if r.held else "**no**",
-              "-" if r.error_pct is None else f"{r.error_pct:+.1f}%",
-              "-" if r.even_split_s is None else (
-                  f"{_fmt(r.even_split_s)} ({r.even_split_error_pct:+.1f}%)"
-                  if r.even_split_error_pct is not None else _fmt(r.even_split_s)),
-              f"{r.n} ({r.failed} failed)", r.run_id] for r in rows]
+              f"{number(r.measured_s, 1)} [{number(low, 1)}, {number(high, 1)}]",
+              number(r.slo_s, 1), "yes" if r.held else "**no**",
+              percent(r.error_pct, 1, sign=True),
+              MISSING if r.even_split_s is None else (
+                  f"{number(r.even_split_s, 1)} ({r.even_split_error_pct:+.1f}%)"
+                  if r.even_split_error_pct is not None else number(r.even_split_s, 1)),
+              f"{r.n} ({r.failed} failed)", r.run_id]
+             for r in rows for low, high in [r.measured_ci or (None, None)]]
     lines += table(["policy", "replicas", "arm", "N", f"predicted {q} s", f"measured {q} s",
                     "SLO s", "held", "error", f"even split {q} s (error)", "n", "run"], cells)
     return "\n".join(lines) + "\n"

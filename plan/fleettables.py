@@ -6,7 +6,7 @@ import dataclasses
 import math
 from typing import Any
 
-from compaction_bench.common.markdown import table
+from compaction_bench.common.markdown import percent, table
 from compaction_bench.plan.fleetmodel import FleetPlan, FleetRow
 from compaction_bench.serve.routerhash import ROUTING_KEYS
 
@@ -20,7 +20,7 @@ def _s(value: float | None) -> str:
 
 
 def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.0f}%"
+    return percent(value, 0, fraction=True)
 
 
 def fleet_markdown(fleet: FleetPlan | None, agents: int, quantile: float) -> list[str]:

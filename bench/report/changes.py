@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 from compaction_bench.bench.analysis.stats import PairedChange
+from compaction_bench.common.markdown import MISSING
 
 CLEAN_CONTEXT = "clean median (context, not the change's base)"
 
@@ -25,7 +26,7 @@ def median_text(change: PairedChange, digits: int = 2) -> str:
     they leave, with how many blocks were censored."""
     bound = change.median_bound
     if change.median_pct is None or bound is None:
-        return "n/a"
+        return MISSING
     count = f"({change.n_censored} of {change.n} censored)"
     low, high = change.median_low_pct, change.median_high_pct
     if bound == "exact":

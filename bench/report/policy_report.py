@@ -20,6 +20,7 @@ from compaction_bench.bench.analysis.tradeoffs import (
 from compaction_bench.bench.report.changes import interval_text, median_text, medians_text
 from compaction_bench.bench.report.document import Bullets, Image, Paragraph, Section, Table
 from compaction_bench.bench.report.pareto import pareto_figure
+from compaction_bench.common.markdown import MISSING
 
 LISTED = 40  # disagreeing requests listed by id in the report (all of them in summary.json)
 
@@ -114,7 +115,7 @@ def _added(arm: ArmCache) -> str:
         return "reference"
     median = arm.added_vs_clean_median
     if median is None:
-        return "n/a"
+        return MISSING
     return f"{median:+.0f} tokens (median, n={len(arm.added_vs_clean)})"
 
 

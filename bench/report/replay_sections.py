@@ -12,10 +12,11 @@ from compaction_bench.bench.analysis.replay import ReplayAnalysis, Split
 from compaction_bench.bench.analysis.stats import MIN_BLOCKS_FOR_MEDIAN_INTERVAL
 from compaction_bench.bench.report.changes import interval_text, median_text
 from compaction_bench.bench.report.document import Bullets, Paragraph, Section, Table
+from compaction_bench.common.markdown import percent
 
 
 def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value:+.1f}%"
+    return percent(value, 1, sign=True)
 
 
 def _ci(low: float | None, high: float | None) -> str:

@@ -16,20 +16,21 @@ from compaction_bench.bench.analysis.replicas import (
     run_replica_account,
 )
 from compaction_bench.bench.report.document import Paragraph, Section, Table
+from compaction_bench.common.markdown import MISSING, number, percent
 
 
 def _num(value: float | None, digits: int = 0) -> str:
-    return "n/a" if value is None else f"{value:.{digits}f}"
+    return number(value, digits)
 
 
 def _share(part: float | None, whole: float | None) -> str:
-    return "n/a" if part is None or not whole else f"{part / whole:.0%}"
+    return percent(None if part is None or not whole else part / whole, 0, fraction=True)
 
 
 def rate_cell(rate: CacheRate) -> str:
     """'62% (n=14)': sum cached / sum prompt tokens and the requests it sums."""
     if rate.hit_rate is None:
-        return f"n/a (n={rate.n_requests})"
+        return f"{MISSING} (n={rate.n_requests})"
     return f"{rate.hit_rate:.0%} (n={rate.n_requests})"
 
 
@@ -42,7 +43,7 @@ def replica_table(account: ReplicaAccount, caption_prefix: str = "") -> Table:
         _num(r.finished),
         _num(r.prompt_tokens),
         _num(r.cached_tokens),
-        "n/a" if r.hit_rate is None else f"{r.hit_rate:.0%}",
+        percent(r.hit_rate, 0, fraction=True),
         _num(r.queue_time_mean_s, 3),
         f"{_num(r.waiting_mean, 2)} / {_num(r.waiting_max)}",
         f"{r.inferred_requests}: {r.inferred_cached_tokens} / {r.inferred_prompt_tokens}",

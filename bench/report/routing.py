@@ -33,6 +33,7 @@ from compaction_bench.bench.report.replicas import rate_cell, replica_table
 from compaction_bench.bench.report.run_report import change_cell, interval_line
 from compaction_bench.bench.runfolder import REFERENCE_ARM, RunRecords, read_run, regime_sort_key
 from compaction_bench.common.files import write_text_atomic
+from compaction_bench.common.markdown import MISSING
 
 
 def routing_file(results: Path, base: str) -> Path:
@@ -101,7 +102,7 @@ def _change_section(runs: Mapping[str, RunAnalysis]) -> Section:
             for policy, analysis in runs.items():
                 comparison = analysis.primary.get(regime)
                 rate = _rates(analysis).get((regime, arm))
-                hits = ("n/a (no requests)", "n/a") if rate is None else (
+                hits = (f"{MISSING} (no requests)", MISSING) if rate is None else (
                     rate_cell(rate.first), rate_cell(rate.later))
                 if arm == REFERENCE_ARM:
                     clean = ("—" if comparison is None or comparison.clean_median_s is None

@@ -60,6 +60,7 @@ from compaction_bench.bench.report.sections import (
 )
 from compaction_bench.bench.runfolder import REFERENCE_ARM, RunRecords, read_run
 from compaction_bench.common.files import write_bytes_atomic, write_json_atomic, write_text_atomic
+from compaction_bench.common.markdown import MISSING, percent
 from compaction_bench.common.resampling import CONFIDENCE
 
 Metric = Callable[[ArmComparison], PairedChange]
@@ -111,7 +112,7 @@ class ReportFiles:
 
 
 def pct(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:+.2f}%"
+    return percent(value, 2, sign=True)
 
 
 def change_cell(change: PairedChange, *, with_n: bool = False) -> str:
@@ -142,7 +143,7 @@ def interval_line(analysis: RunAnalysis) -> str:
 
 
 def _seconds(value: float | None, n: int) -> str:
-    return "n/a" if value is None else f"{value:.1f} s (n={n})"
+    return MISSING if value is None else f"{value:.1f} s (n={n})"
 
 
 def _label(comparison: Comparison) -> str:

@@ -12,15 +12,14 @@ from compaction_bench.bench.analysis.power import MAX_BLOCKS, Sensitivity
 from compaction_bench.bench.analysis.stats import Distribution
 from compaction_bench.bench.report.changes import interval_text, median_text
 from compaction_bench.bench.report.document import Bullets, Image, Paragraph, Section, Table
+from compaction_bench.common.markdown import MISSING, number, percent
 from compaction_bench.loadgen.merge import pending_remote
 
 
 def _fmt(value: object, digits: int = 2) -> str:
-    if isinstance(value, bool) or value is None:
-        return "n/a" if value is None else str(value)
-    if isinstance(value, int | float):
-        return f"{value:.{digits}f}"
-    return str(value)
+    if isinstance(value, bool) or not isinstance(value, int | float | None):
+        return str(value)
+    return number(value, digits)
 
 
 def remote_summary(analysis: RunAnalysis) -> dict[str, object]:
@@ -64,7 +63,7 @@ def trust_sections(analysis: RunAnalysis) -> list[Section]:
         rows.append((block.regime, str(block.block), str(figures.users),
                      f"{figures.background_requests} ({figures.background_errors} errors)",
                      _fmt(figures.achieved_concurrency),
-                     "n/a" if figures.waiting_share is None else f"{figures.waiting_share:.0%}",
+                     percent(figures.waiting_share, 0, fraction=True),
                      _fmt(figures.max_waiting, 0),
                      figures.verdict + (": " + "; ".join(figures.reasons or figures.unverified)
                                         if figures.reasons or figures.unverified else
@@ -90,7 +89,7 @@ def trust_sections(analysis: RunAnalysis) -> list[Section]:
                          "Cache"), tuple(
             (r.regime, str(r.block), r.arm, r.attempt,
              f"{r.fork_cached_tokens} / {r.fork_prompt_tokens}", str(r.fork_cache_state),
-             r.cache_mode or "n/a") for r in states),
+             r.cache_mode or MISSING) for r in states),
             "The first postfork request of each attempt: cold = nothing cached, warm = all but "
             "the last partial KV block, partial between. Shared cache: arms may warm each "
             "other's prefix; isolated: a cache_salt per arm and attempt."))
@@ -164,7 +163,7 @@ def serving_sections(analysis: RunAnalysis, images: Mapping[str, bytes | None]) 
     else:
         cache.add(Table(
             ("Regime", "Source", "Hit rate", "Cached / prompt tokens", "Requests"),
-            tuple((c.regime, c.source, "n/a" if c.hit_rate is None else f"{c.hit_rate:.1%}",
+            tuple((c.regime, c.source, percent(c.hit_rate, 1, fraction=True),
                    f"{c.cached_tokens} / {c.prompt_tokens}", str(c.n_requests)) for c in rated),
             "Sum of cached tokens over sum of prompt tokens."))
         if images.get("cache_rates"):
@@ -174,8 +173,8 @@ def serving_sections(analysis: RunAnalysis, images: Mapping[str, bytes | None]) 
         cache.add(Table(
             ("Regime", "Block spans", "All sources, from requests", "From /metrics counters"),
             tuple((c.regime, str(c.n_spans),
-                   "n/a" if c.from_requests is None else f"{c.from_requests:.1%}",
-                   "n/a" if c.from_metrics is None else f"{c.from_metrics:.1%}")
+                   percent(c.from_requests, 1, fraction=True),
+                   percent(c.from_metrics, 1, fraction=True))
                   for c in analysis.cache_check),
             "Cross-check: server-wide counter deltas (hits / queries) over the regime's blocks."))
     server = Section("Server queue and KV cache")
@@ -193,7 +192,7 @@ def serving_sections(analysis: RunAnalysis, images: Mapping[str, bytes | None]) 
 
 
 def _ms(value: object) -> str:
-    return "n/a" if not isinstance(value, int | float) else f"{value:.1f}"
+    return number(value if isinstance(value, int | float) else None, 1)
 
 
 def _serving_section(analysis: RunAnalysis) -> Section:

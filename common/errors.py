@@ -91,6 +91,8 @@ def run_cli(app: typer.Typer, argv: list[str] | None = None) -> NoReturn:
         fail(describe_validation(exc), ExitCode.USAGE)
     except usage_errors as exc:
         message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+        if not message.strip():  # a command given no arguments has printed its help
+            raise SystemExit(int(ExitCode.USAGE)) from None
         ctx = getattr(exc, "ctx", None)
         hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
         fail(f"{message}{hint}", ExitCode.USAGE)

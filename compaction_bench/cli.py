@@ -1,14 +1,6 @@
-"""`compaction-bench`: the suite's one command. Its subcommands are the stages, each defined in
-its stage's own `cli.py` and gathered here; the `make` targets call them.
-
-    serve, check, stop, profiles, prepare-model    a vLLM server for a profile (serve/cli.py)
-    histories ...                                  agent histories and arm files (histories/)
-    bench, report, compare, report-study           runs and their documents (bench/cli.py)
-    plan                                           the GPU capacity plan of a run (plan/cli.py)
-    kernels ...                                    measured device costs (kernels/cli.py)
-    faults                                         injected faults (bench/faults/cli.py)
-    measure client|redaction|scorer                the suite's own parts, measured
-    load run|worker|merge                          background load across hosts (loadgen/)
+"""`compaction-bench`: the suite's one command. Its subcommands come from the stages, each
+defined in its stage's own `cli.py` and gathered here; the `make` targets call them. `COMMANDS`
+is the one list of them: each word, the stage that defines it, and its line of help.
 
 Every command ends a known failure with one line naming the cause and the fix, and an exit code
 from `common.errors.ExitCode` (`run_cli`).
@@ -55,20 +47,48 @@ def _adopt(app: typer.Typer, source: typer.Typer, names: dict[str, str] | None =
             **info.__dict__, "name": (names or {}).get(name, name)}))
 
 
-# Which stage's CLI module defines each top-level word: `compaction-bench bench ...` imports
-# bench/cli.py alone, not every stage (a stage's imports cost seconds: pandas, scipy,
-# matplotlib). A word not here (--help, a typo) builds them all, so help and "No such command"
-# see every command.
-STAGES = {
-    "serve": ("serve", "check", "stop", "profiles", "prepare-model"),
-    "histories": ("histories",),
-    "bench": ("bench", "report", "compare", "report-study"),
-    "plan": ("plan", "plan-check", "fleet-truth"),
-    "kernels": ("kernels",),
-    "faults": ("faults",),
-    "measure": ("measure",),
-    "load": ("load",),
+# Every top-level word: the stage whose CLI module defines it, and its line of help.
+# `compaction-bench bench ...` imports bench/cli.py alone, not every stage (a stage's imports cost
+# seconds: pandas, scipy, matplotlib); `compaction-bench --help`, no word or an unknown one
+# imports none and lists these lines (`index`; a test keeps each equal to the command's own).
+COMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("serve", "Serve a profile: the target and compressor names from one engine, "
+              "self-checked."),
+    "check": ("serve", "Self-check a running server against a profile (what `make serve` runs "
+              "once healthy)."),
+    "stop": ("serve", "Stop background servers started by this checkout (all, or the one on "
+             "--port)."),
+    "profiles": ("serve", "List the shipped profiles."),
+    "prepare-model": ("serve", "Make the profile's model ready locally (converts an embedded "
+                      "model once)."),
+    "histories": ("histories", "Agent histories: acquire to a fork, write arms, audit, import, "
+                  "export, continue."),
+    "bench": ("bench", "Run blocks of arms under a regime (or the load-response sweep); write "
+              "results/<run-id>/ and its report."),
+    "report": ("bench", "Write report.md, report.html, plots/, requests.parquet and "
+               "summary.json into RUN_DIR."),
+    "compare": ("bench", "Put runs of the same task and arms side by side in one table."),
+    "report-study": ("bench", "Import the source study's B300 blocks as a run folder and report "
+                     "on it."),
+    "plan": ("plan", "Write plan.md, plan.json and plots/plan_*.png into RUN_DIR."),
+    "plan-check": ("plan", "Check a one-replica plan against runs through the router: predicted "
+                   "vs measured SLO quantile per arm and routing policy, with the plan's own "
+                   "settings."),
+    "fleet-truth": ("plan", "The fleet plan against fleets of fake replicas of known capacity "
+                    "behind the real vllm-router: one replica swept and planned, then each "
+                    "fleet's true capacity measured from the planned N outward."),
+    "kernels": ("kernels", "Measured device costs: micro-benchmarks, server probes, cost-model "
+                "fits."),
+    "faults": ("faults", "Inject every fault row into a real bench process; one table, exit 1 "
+               "if any row did not survive."),
+    "measure": ("measure", "Measure the suite's own parts: the streaming client's timing "
+                "accuracy, redaction recall, the proxy scorer's cost."),
+    "load": ("load", "Background load across hosts: locust master and workers, each worker's "
+             "raw records merged into the run's requests.jsonl."),
 }
+STAGES: dict[str, tuple[str, ...]] = {}
+for _word, (_stage, _) in COMMANDS.items():
+    STAGES[_stage] = (*STAGES.get(_stage, ()), _word)
 
 
 def build(stages: tuple[str, ...] = tuple(STAGES)) -> typer.Typer:
@@ -104,6 +124,19 @@ def build(stages: tuple[str, ...] = tuple(STAGES)) -> typer.Typer:
         from compaction_bench.loadgen import cli as load_cli
 
         app.add_typer(load_cli.app, name="load")
+    return app
+
+
+def index() -> typer.Typer:
+    """The command as `--help` shows it: every word of `COMMANDS` with its line of help, no
+    stage imported (a word given is run by `build` of its stage, never by this)."""
+    app = _new_app()
+    for word, (stage, line) in COMMANDS.items():
+        def listed(stage: str = stage) -> None:
+            run_cli(build((stage,)))
+
+        app.command(word, help=line, add_help_option=False,
+                    context_settings=PASS_THROUGH)(listed)
     return app
 
 
@@ -150,4 +183,4 @@ def entry() -> NoReturn:
     import sys
 
     stage = stage_of(sys.argv[1:])
-    run_cli(build((stage,) if stage else tuple(STAGES)))
+    run_cli(build((stage,)) if stage else index())

@@ -92,8 +92,10 @@ def plan_check(
     ] = None,
 ) -> None:
     """Check a one-replica plan against runs through the router: predicted vs measured SLO
-    quantile per arm and routing policy, with the plan's own settings (its plan.json), written
-    to plan_check.md/json in PLAN_RUN; the plan itself is not rewritten."""
+    quantile per arm and routing policy, with the plan's own settings.
+
+    The settings are the plan's plan.json; the check is written to plan_check.md/json in
+    PLAN_RUN, and the plan itself is not rewritten."""
     from compaction_bench.plan.check import check_notes, plan_settings, write_check
 
     config = plan_settings(plan_run)
@@ -151,8 +153,10 @@ def fleet_truth(
 ) -> None:
     """The fleet plan against fleets of fake replicas of known capacity behind the real
     vllm-router: one replica swept and planned, then each fleet's true capacity measured from
-    the planned N outward (fleet-truth.md: policy | replicas | arm | true agents | planned
-    agents | error | SLO held at planned N)."""
+    the planned N outward.
+
+    The table (fleet-truth.md): policy | replicas | arm | true agents | planned agents | error |
+    SLO held at planned N."""
     import sys
 
     from pydantic import ValidationError

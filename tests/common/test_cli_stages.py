@@ -4,9 +4,14 @@ command when built alone."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from typing import Any
+
+import pytest
 import typer
 
-from compaction_bench.cli import STAGES, build, stage_of
+from compaction_bench.cli import COMMANDS, STAGES, build, index, stage_of
 
 
 def words(app: typer.Typer) -> set[str]:
@@ -31,3 +36,33 @@ def test_the_first_word_that_is_not_an_option_picks_the_stage() -> None:
     assert stage_of(["--version"]) is None
     assert stage_of(["nonsense"]) is None
     assert stage_of([]) is None
+
+
+def _short_helps(app: typer.Typer) -> dict[str, str]:
+    command: Any = typer.main.get_command(app)  # typer's own copy of click's Group
+    ctx = command.context_class(command)
+    return {name: found.get_short_help_str(limit=10_000)
+            for name in command.list_commands(ctx)
+            if (found := command.get_command(ctx, name)) is not None}
+
+
+def test_the_help_index_lists_every_command_with_the_commands_own_line() -> None:
+    # `compaction-bench --help` builds the index, which imports no stage: its lines must be
+    # the commands' own, or the help would drift from what each command says of itself
+    listed = _short_helps(index())
+    assert listed == _short_helps(build())
+    assert list(listed) == list(COMMANDS)
+
+
+@pytest.mark.e2e
+def test_help_imports_no_stage() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys; sys.argv = ['compaction-bench', '--help']\n"
+         "from compaction_bench.cli import entry\ntry:\n    entry()\nexcept SystemExit:\n"
+         "    pass\nprint(sorted(m for m in sys.modules if m.startswith('compaction_bench.')))"],
+        capture_output=True, text=True, timeout=120, check=True)
+    imported = done.stdout.strip().splitlines()[-1]
+    assert "fleet-truth" in done.stdout and "compaction_bench.cli" in imported
+    assert not any(f"compaction_bench.{stage}" in imported
+                   for stage in ("serve", "histories", "bench", "plan", "kernels", "loadgen")
+                   ), imported

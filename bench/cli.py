@@ -63,6 +63,8 @@ def bench_config(words: list[str], config_file: Path | None, from_env: bool) -> 
     make-style variables, then the `name=value` words (common/settings.py)."""
     layers = layered(BenchConfig, file=config_file, env=os.environ if from_env else None,
                      words=words)
+    for line in layers.ignored:  # a platform's PORT or SEED: said, never taken
+        typer.echo(f"[bench] {line}", err=True)
     return build(BenchConfig, layers, "bench settings")
 
 
@@ -75,8 +77,9 @@ def run(
         "--config", help="a TOML file of settings (run.toml); words given too override it")
     ] = None,
     from_env: Annotated[bool, typer.Option(
-        "--from-env", help="also take settings from environment variables named like make "
-        "variables (REGIME=, BLOCKS=, ...): what `make bench` uses")] = False,
+        "--from-env", help="also take settings from the environment: their make names "
+        "(REGIME=, BLOCKS=, ...) where given on make's command line, what `make bench` uses, "
+        "and COMPBENCH_<NAME> anywhere")] = False,
     show: Annotated[bool, typer.Option(
         "--settings", help="list every setting with its make variable and default, and exit")
     ] = False,

@@ -1,6 +1,12 @@
 """Typed settings from layers: the model's defaults, a TOML file, environment variables named
 like make variables, and `key=value` words, each later layer overriding the earlier ones.
 
+The environment layer (`--from-env`, what `make bench` uses) takes a setting's make name
+(`SEED`) only where it was given on make's own command line (`make bench SEED=3`: GNU make
+lists those in MAKEFLAGS), and its prefixed name (`COMPBENCH_SEED=3`) anywhere. So a variable a
+platform sets for its own use (PORT, SEED, TASK, SOURCE) never changes a run; one that is
+present but not taken is named in `Layers.ignored`, which the command prints.
+
 A setting is declared once, as a field of a pydantic model; its other names follow from the
 field's name: `stream_deadline_s` is `STREAM_DEADLINE_S` in the environment (what `make bench
 STREAM_DEADLINE_S=60` passes), `stream_deadline_s = 60` in the file and `stream_deadline_s=60`
@@ -13,6 +19,7 @@ line naming where it came from.
 
 from __future__ import annotations
 
+import re
 import tomllib
 import types
 import typing
@@ -26,6 +33,9 @@ from pydantic import BaseModel, ValidationError
 from compaction_bench.common.errors import SuiteError, describe_validation
 
 M = TypeVar("M", bound=BaseModel)
+
+
+ENV_PREFIX = "COMPBENCH_"  # COMPBENCH_<MAKE NAME>: a setting from the environment, always taken
 
 
 class SettingsError(SuiteError):
@@ -82,6 +92,7 @@ class Layers:
 
     values: dict[str, Any] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
+    ignored: list[str] = field(default_factory=list)  # one line per variable not taken
 
     def put(self, setting: Setting, value: Any, source: str) -> None:
         if isinstance(value, str):
@@ -124,9 +135,17 @@ def layered(model: type[BaseModel], *, file: Path | None = None,
                                     f"{', '.join(settings)}")
             layers.put(settings[key], value, f"file {file}")
     if env is not None:
+        given = make_command_line(env)
         for variable, setting in by_variable.items():
-            if variable in env:
-                layers.put(setting, env[variable], f"environment {variable}")
+            prefixed = ENV_PREFIX + variable
+            if prefixed in env:
+                layers.put(setting, env[prefixed], f"environment {prefixed}")
+            elif variable in given and variable in env:
+                layers.put(setting, env[variable], f"make {variable}")
+            elif env.get(variable, "").strip():
+                layers.ignored.append(
+                    f"environment {variable}={env[variable].strip()!r} ignored: not given on "
+                    f"make's command line; give it there ({variable}=...) or as {prefixed}")
     for word in words:
         name, sep, value = word.partition("=")
         named = settings.get(name.strip().lower()) or by_variable.get(name.strip().upper())
@@ -135,6 +154,16 @@ def layered(model: type[BaseModel], *, file: Path | None = None,
                                 f"{', '.join(settings)} (or its upper-case make name)")
         layers.put(named, value, "command line")
     return layers
+
+
+def make_command_line(env: Mapping[str, str]) -> frozenset[str]:
+    """The names of the variables given on make's command line (`make bench SEED=3`), which GNU
+    make passes to its recipes in MAKEFLAGS after `--` (values escaped, names plain)."""
+    flags = " " + env.get("MAKEFLAGS", "")
+    if " -- " not in flags:
+        return frozenset()
+    words = re.split(r"(?<!\\) ", flags.split(" -- ", 1)[1])
+    return frozenset(w.split("=", 1)[0] for w in words if "=" in w)
 
 
 def _flatten(table: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:

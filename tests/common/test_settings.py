@@ -32,17 +32,34 @@ def test_file_then_environment_then_words_each_override_the_one_before(tmp_path:
     run = tmp_path / "run.toml"
     run.write_text('regime = "overloaded"\nblocks = 4\narms = ["clean", "self"]\nseed = 1\n'
                    "[sweep]\nlevels = [1, 2]\n")
-    env = {"BLOCKS": "3", "SEED": "", "SWEEP_WARMUP": "2", "UNRELATED": "x"}
+    env = {"BLOCKS": "3", "SEED": "", "COMPBENCH_SWEEP_WARMUP": "2", "UNRELATED": "x",
+           "MAKEFLAGS": "s -- BLOCKS=3 SEED="}
     layers = layered(BenchConfig, file=run, env=env, words=["seed=7", "CACHE=run"])
     config = build(BenchConfig, layers, "bench settings")
     assert (config.regime, config.blocks, config.seed, config.cache) == ("overloaded", 3, 7, "run")
     assert config.arms == ("clean", "self") and config.sweep.levels == (1, 2)
     assert config.sweep.warmup == 2  # an empty variable (SEED=) leaves the setting unset
-    assert layers.sources["blocks"] == "environment BLOCKS"
+    assert layers.sources["blocks"] == "make BLOCKS"
+    assert layers.sources["sweep.warmup"] == "environment COMPBENCH_SWEEP_WARMUP"
+    assert layers.ignored == []
     assert layers.sources["seed"] == "command line" and layers.sources["regime"].startswith(
         "file ")
     # what the user gave is what a RESUME keeps; the rest comes from the resumed run
     assert {"regime", "blocks", "seed", "cache", "arms", "sweep"} <= config.model_fields_set
+
+
+def test_a_platforms_own_variable_is_named_and_never_taken() -> None:
+    # PORT and SEED set by a container platform, not given to make: the run keeps its defaults
+    env = {"PORT": "5000", "SEED": "9", "TASK": "", "MAKEFLAGS": " -- REGIME=shared"}
+    env["REGIME"] = "shared"
+    layers = layered(BenchConfig, env=env)
+    config = build(BenchConfig, layers, "bench settings")
+    assert (config.port, config.seed, config.regime) == (8000, 0, "shared")
+    assert len(layers.ignored) == 2 and all("\n" not in line for line in layers.ignored)
+    assert any(line.startswith("environment PORT='5000' ignored") and "COMPBENCH_PORT" in line
+               for line in layers.ignored), layers.ignored
+    taken = layered(BenchConfig, env={"COMPBENCH_PORT": "5000"})
+    assert build(BenchConfig, taken, "bench settings").port == 5000 and not taken.ignored
 
 
 def test_text_for_a_tuple_is_split_at_commas_and_booleans_read_as_make_writes_them() -> None:

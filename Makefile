@@ -50,7 +50,7 @@ help:
 	@echo "make report RUN=<id>  |  make compare RUNS=\"a b\"  |  make report-study (Table 12)"
 	@echo "make plan RUN=<id> [SLO=p90:2x] [AGENTS=n] [GPU_HOUR_USD=x] [FLEET_REPLICAS=2,4,8]   GPU capacity plan, fleets per policy"
 	@echo "make plan-check PLAN=<id> RUNS=\"<id>...\"   the plan checked through the router"
-	@echo "make fleet-truth [REPLICAS_LIST=2,4,8] [SLOTS=n] ...   the fleet plan against fake replicas of known capacity"
+	@echo "make fleet-truth [REPLICAS=2,4,8] [SLOTS=n] ...   the fleet plan against fake replicas of known capacity"
 	@echo "make kernels [BASE_URL=...]  |  make kernels-gpu   measured device costs"
 	@echo "make faults [ONLY=...] [JOBS=3]    every fault row injected, records lost per row"
 	@echo "make bench-client  |  make bench-redaction   the suite's own parts, measured"
@@ -131,17 +131,11 @@ compare: install
 report-study: install
 	$(CB) report-study
 
+# Plan settings are make variables named like the setting (`make plan RUN=x SLO=p90:120s
+# FLEET_REPLICAS=2,4,8`; the list: `compaction-bench plan --settings`), read by --from-env.
 plan: install
-	@test -n "$(RUN)" || { echo "usage: make plan RUN=<run-id> [SLO=p90:2x|p90:120s] [AGENTS=100] [GPU_HOUR_USD=x] [COMPRESSOR_USD_PER_MTOK=x] [COSTMODEL=kernels/results/<file>.json] [PREDICT_DEVICE=...] [FLEET_REPLICAS=2,4,8] [FLEET_POLICIES=...] [REPLICA_URLS=...]"; exit 2; }
-	$(CB) plan $(call run_path,$(RUN)) $(if $(SLO),--slo $(SLO)) \
-	  $(if $(AGENTS),--agents $(AGENTS)) $(if $(GPU_HOUR_USD),--gpu-hour-usd $(GPU_HOUR_USD)) \
-	  $(if $(COMPRESSOR_USD_PER_MTOK),--compressor-usd-per-mtok $(COMPRESSOR_USD_PER_MTOK)) \
-	  $(if $(COSTMODEL),--costmodel $(COSTMODEL)) $(if $(PREDICT_DEVICE),--predict-device "$(PREDICT_DEVICE)") \
-	  $(if $(SEED),--seed $(SEED)) $(if $(SLO_TIME),--slo-time $(SLO_TIME)) \
-	  $(if $(EXTRAPOLATION),--extrapolation $(EXTRAPOLATION)) \
-	  $(if $(FLEET_REPLICAS),--fleet-replicas $(FLEET_REPLICAS)) \
-	  $(if $(FLEET_POLICIES),--fleet-policies $(FLEET_POLICIES)) \
-	  $(if $(REPLICA_URLS),--replica-urls $(REPLICA_URLS))
+	@test -n "$(RUN)" || { echo "usage: make plan RUN=<run-id> [SLO=p90:2x|p90:120s] [AGENTS=100] [GPU_HOUR_USD=x] [COMPRESSOR_USD_PER_MTOK=x] [COSTMODEL=kernels/results/<file>.json] [PREDICT_DEVICE=...] [FLEET_REPLICAS=2,4,8|none] [FLEET_POLICIES=...] [REPLICA_URLS=...]  (all: compaction-bench plan --settings)"; exit 2; }
+	$(CB) plan $(call run_path,$(RUN)) --from-env
 
 plan-check: install
 	@test -n "$(PLAN)" -a -n "$(RUNS)" || { echo "usage: make plan-check PLAN=<one-replica sweep run, planned first with make plan> RUNS=\"<sweep run through the router>...\" [REPLICAS=n]  (the check uses the plan's own settings, from PLAN's plan.json)"; exit 2; }
@@ -149,16 +143,11 @@ plan-check: install
 	  $(if $(REPLICAS),--replicas $(REPLICAS))
 
 # The fleet plan against fleets of fake replicas of known capacity behind the real router
-# (plan/truth.py): REPLICAS_LIST, POLICIES, ARMS, SLOTS, PREFILL_MS_PER_TOKEN, CACHE_DISCOUNT,
-# STEP_MS, STEP_MS_PER_SEQ, LEVELS, MIN_CONTINUATIONS, SLO, OUT change it.
+# (plan/truth.py): REPLICAS, POLICIES, ARMS, SLOTS, PREFILL_MS_PER_TOKEN, CACHE_DISCOUNT,
+# STEP_MS, STEP_MS_PER_SEQ, LEVELS, MIN_CONTINUATIONS, SLO, OUT, ... change it (the list:
+# compaction-bench fleet-truth --settings).
 fleet-truth: install
-	$(CB) fleet-truth $(if $(OUT),--out $(OUT)) $(if $(REPLICAS_LIST),--replicas $(REPLICAS_LIST)) \
-	  $(if $(POLICIES),--policies $(POLICIES)) $(if $(ARMS),--arms $(ARMS)) \
-	  $(if $(SLOTS),--slots $(SLOTS)) $(if $(PREFILL_MS_PER_TOKEN),--prefill-ms-per-token $(PREFILL_MS_PER_TOKEN)) \
-	  $(if $(CACHE_DISCOUNT),--cache-discount $(CACHE_DISCOUNT)) $(if $(STEP_MS),--step-ms $(STEP_MS)) \
-	  $(if $(STEP_MS_PER_SEQ),--step-ms-per-seq $(STEP_MS_PER_SEQ)) $(if $(LEVELS),--levels $(LEVELS)) \
-	  $(if $(MIN_CONTINUATIONS),--min-continuations $(MIN_CONTINUATIONS)) $(if $(SLO),--slo $(SLO)) \
-	  $(if $(SEED),--seed $(SEED))
+	$(CB) fleet-truth --from-env
 
 kernels: install
 	$(CB) kernels run --profile $(PROFILE) $(if $(PORT),--port $(PORT)) $(if $(BASE_URL),--base-url $(BASE_URL))

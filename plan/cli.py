@@ -1,76 +1,80 @@
-"""`compaction-bench plan RUN_DIR`: the capacity plan of a run folder (`make plan RUN=<id>`).
+"""`compaction-bench plan RUN_DIR`: the capacity plan of a run folder (`make plan RUN=<id>`);
+`plan-check` and `fleet-truth`.
 
-Parses, builds the config, calls `plan.write.write_plan` and prints where the files went;
-known failures end in one line naming the cause (`common.errors.run_cli`)."""
+Settings are written as the bench's are (common/settings.py): each declared once, as a field of
+PlanConfig or TruthConfig, and given as `name=value` words or, through make, as its variable
+(`make plan RUN=x SLO=p90:120s` is `compaction-bench plan results/x slo=p90:120s`). Known
+failures end in one line naming the cause (`common.errors.run_cli`)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import typer
+from pydantic import BaseModel
 
-from compaction_bench.common.resampling import RESAMPLES
-from compaction_bench.plan.settings import (
-    DEFAULT_AGENTS,
-    DEFAULT_EXTRAPOLATION,
-    DEFAULT_SLO,
-    DEFAULT_SLO_TIME,
-    PlanConfig,
-)
+from compaction_bench.common.settings import build, layered, settings_table
+from compaction_bench.plan.settings import PlanConfig
+from compaction_bench.plan.truth import TruthConfig
+
+M = TypeVar("M", bound=BaseModel)
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False,
                   help="Capacity plan of a run folder: agents per GPU, GPUs needed, per-task "
                   "cost and break-even uses per arm (plan.md, plan.json, plots/).")
 
 
+SETTINGS_HELP = ("settings as name=value (e.g. {example}); the names are listed by --settings, "
+                 "each also a make variable in upper case")
+
+
+def _show_settings(model: type[BaseModel]) -> None:
+    rows = settings_table(model)
+    width = max(len(name) for name, *_ in rows)
+    for name, variable, default, description in rows:
+        typer.echo(f"{name:<{width}}  {variable:<24} {default or '-':<18} {description}")
+
+
+def _config(model: type[M], words: list[str], from_env: bool, what: str,
+            **given: object) -> M:
+    """`model` from its defaults, the environment (`--from-env`: what make passes) and the
+    words (common/settings.py), the one grammar of bench, plan and fleet-truth settings."""
+    layers = layered(model, env=os.environ if from_env else None, words=words)
+    for line in layers.ignored:
+        typer.echo(f"[{what}] {line}", err=True)
+    layers.values.update(given)
+    return build(model, layers, f"{what} settings")
+
+
+FromEnv = Annotated[bool, typer.Option(
+    "--from-env", help="also take settings from the environment: their make names where given "
+    "on make's command line (what make uses), COMPBENCH_<NAME> anywhere")]
+ShowSettings = Annotated[bool, typer.Option(
+    "--settings", help="list every setting with its make variable and default, and exit")]
+
+
 @app.command()
 def plan(
-    run_dir: Annotated[Path, typer.Argument(help="Run folder, e.g. results/<run-id>.")],
-    slo: Annotated[str, typer.Option(
-        help="latency target: p90:120s (seconds) or p90:2x (times the time alone)")
-    ] = DEFAULT_SLO,
-    agents: Annotated[int, typer.Option(help="fleet size to plan GPUs for", min=1)
-                      ] = DEFAULT_AGENTS,
-    gpu_hour_usd: Annotated[float | None, typer.Option(
-        help="price of a GPU-hour (default: costs in GPU-seconds)")] = None,
-    compressor_usd_per_mtok: Annotated[float | None, typer.Option(
-        help="external compressor price per million tokens")] = None,
-    costmodel: Annotated[Path | None, typer.Option(
-        help="kernels results file: simulate unmeasured levels (kernels/results/*.json)")
-    ] = None,
-    predict_device: Annotated[str | None, typer.Option(
-        help="with --costmodel: also predict on this GPU (kernels/limits.toml)")] = None,
-    bootstrap: Annotated[int, typer.Option(help="bootstrap resamples", min=100)
-                         ] = RESAMPLES,
-    seed: Annotated[int, typer.Option(help="seed of the bootstrap and simulator", min=0)] = 0,
-    slo_time: Annotated[str, typer.Option(
-        help="the time the SLO bounds: wall (postfork + inline rewriting) or postfork")
-    ] = DEFAULT_SLO_TIME,
-    extrapolation: Annotated[float, typer.Option(
-        help="extrapolate at most this multiple of the largest measured level", min=1.0)
-    ] = DEFAULT_EXTRAPOLATION,
-    fleet_replicas: Annotated[str, typer.Option(
-        help="fleets to plan behind vLLM's router: replicas, comma-separated (e.g. 2,4,8); "
-        "'' for none")] = "2",
-    fleet_policies: Annotated[str, typer.Option(
-        help="router policies to plan each fleet under, comma-separated")
-    ] = "round_robin,consistent_hash",
-    replica_urls: Annotated[str | None, typer.Option(
-        help="the fleet's replica URLs, comma-separated, for consistent_hash's ring (default: "
-        "make serve REPLICAS=R's on port 8000)")] = None,
+    run_dir: Annotated[Path | None, typer.Argument(
+        help="Run folder, e.g. results/<run-id>.", show_default=False)] = None,
+    settings: Annotated[list[str] | None, typer.Argument(help=SETTINGS_HELP.format(
+        example="slo=p90:120s agents=40 fleet_replicas=2,4,8"), show_default=False)] = None,
+    from_env: FromEnv = False,
+    show: ShowSettings = False,
 ) -> None:
     """Write plan.md, plan.json and plots/plan_*.png into RUN_DIR."""
+    if show:
+        _show_settings(PlanConfig)
+        return
+    if run_dir is None:
+        raise typer.BadParameter("give the run folder: compaction-bench plan results/<run-id>",
+                                 param_hint="RUN_DIR")
     from compaction_bench.plan.observations import HOST_NOTE
     from compaction_bench.plan.write import write_plan
 
-    config = PlanConfig(run_dir=run_dir, slo=slo, slo_time=slo_time,  # type: ignore[arg-type]
-                        extrapolation=extrapolation, agents=agents, gpu_hour_usd=gpu_hour_usd,
-                        compressor_usd_per_mtok=compressor_usd_per_mtok, costmodel=costmodel,
-                        predict_device=predict_device, bootstrap=bootstrap, seed=seed,
-                        fleet_replicas=_ints(fleet_replicas, "FLEET_REPLICAS"),
-                        fleet_policies=_words(fleet_policies),
-                        replica_urls=_words(replica_urls) if replica_urls else None)
+    config = _config(PlanConfig, settings or [], from_env, "plan", run_dir=run_dir)
     files = write_plan(config)
     for line in files.markdown.read_text(encoding="utf-8").splitlines():
         if line.startswith(f"> {HOST_NOTE}"):  # contended cells: said where the user looks
@@ -79,7 +83,6 @@ def plan(
     typer.echo(f"json:  {files.json}")
     if files.plots:
         typer.echo(f"plots: {', '.join(str(p) for p in files.plots)}")
-
 
 
 @app.command("plan-check")
@@ -116,40 +119,13 @@ def plan_check(
                "for it to state the policy it was checked under")
 
 
-def _words(text: str) -> tuple[str, ...]:
-    return tuple(w.strip() for w in text.split(",") if w.strip())
-
-
-def _ints(text: str, name: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(w) for w in _words(text))
-    except ValueError:
-        raise typer.BadParameter(f"{text!r}: give whole numbers, comma-separated (e.g. 2,4,8)",
-                                 param_hint=name) from None
-
-
 @app.command("fleet-truth")
 def fleet_truth(
-    out: Annotated[Path, typer.Option(help="folder for the runs and fleet-truth.md/json")
-                   ] = Path("results/fleet-truth"),
-    replicas: Annotated[str, typer.Option(help="fleet sizes R, comma-separated")] = "2,4,8",
-    policies: Annotated[str, typer.Option(help="router policies, comma-separated")
-                        ] = "round_robin,consistent_hash,cache_aware",
-    arms: Annotated[str, typer.Option(help="arms, comma-separated")] = "clean,external",
-    slots: Annotated[int, typer.Option(help="the fake engine's sequence slots")] = 4,
-    prefill_ms_per_token: Annotated[float, typer.Option(
-        help="prefill cost of an uncached prompt token, ms")] = 0.2,
-    cache_discount: Annotated[float, typer.Option(
-        help="a cached token costs (1 - this) x the prefill cost")] = 1.0,
-    step_ms: Annotated[float, typer.Option(help="a decode step's base cost, ms")] = 2.0,
-    step_ms_per_seq: Annotated[float, typer.Option(
-        help="a decode step's cost per running sequence, ms")] = 0.25,
-    levels: Annotated[str, typer.Option(help="the one-replica sweep's levels")] = "1,2,4,8",
-    min_continuations: Annotated[int, typer.Option(
-        help="measured continuations per level at least")] = 16,
-    slo: Annotated[str, typer.Option(help="latency target, as make plan's")] = DEFAULT_SLO,
-    seed: Annotated[int, typer.Option(help="run and simulator seed", min=0)] = 0,
-    port: Annotated[int, typer.Option(help="first port of the fake replicas")] = 18600,
+    settings: Annotated[list[str] | None, typer.Argument(help=SETTINGS_HELP.format(
+        example="replicas=2,4 policies=round_robin slots=2 cache_discount=0.8"),
+        show_default=False)] = None,
+    from_env: FromEnv = False,
+    show: ShowSettings = False,
 ) -> None:
     """The fleet plan against fleets of fake replicas of known capacity behind the real
     vllm-router: one replica swept and planned, then each fleet's true capacity measured from
@@ -157,24 +133,14 @@ def fleet_truth(
 
     The table (fleet-truth.md): policy | replicas | arm | true agents | planned agents | error |
     SLO held at planned N."""
+    if show:
+        _show_settings(TruthConfig)
+        return
     import sys
 
-    from pydantic import ValidationError
+    from compaction_bench.plan.truth import TRUTH_MD, run_truth, truth_markdown
 
-    from compaction_bench.plan.settings import PlanError
-    from compaction_bench.plan.truth import TRUTH_MD, TruthConfig, run_truth, truth_markdown
-
-    try:
-        config = TruthConfig(
-            out=out, replicas=_ints(replicas, "--replicas"), policies=_words(policies),
-            arms=_words(arms), slots=slots, prefill_ms_per_token=prefill_ms_per_token,
-            cache_discount=cache_discount, step_ms=step_ms, step_ms_per_seq=step_ms_per_seq,
-            levels=_ints(levels, "--levels"), min_continuations=min_continuations, slo=slo,
-            seed=seed, port=port)
-    except ValidationError as error:
-        first = error.errors()[0]
-        raise PlanError(f"fleet-truth --{str(first['loc'][0]).replace('_', '-')}: "
-                        f"{first['msg']}") from None
+    config = _config(TruthConfig, settings or [], from_env, "fleet-truth")
     rows = run_truth(config, sys.stderr)
     typer.echo(truth_markdown(config, rows))
     typer.echo(f"truth: {config.out / TRUTH_MD}")

@@ -49,8 +49,9 @@ class PlanConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    run_dir: Path
-    slo: str = Field(default=DEFAULT_SLO, description="latency target (module docstring)")
+    run_dir: Path = Field(description="the run folder planned (the command's RUN_DIR)")
+    slo: str = Field(default=DEFAULT_SLO, description="latency target: p90:120s (seconds) or "
+                     "p90:2x (times the reference arm alone)")
     agents: int = Field(default=DEFAULT_AGENTS, gt=0, description="fleet size to plan GPUs for")
     slo_time: SloTime = Field(
         default=DEFAULT_SLO_TIME, description="the time the SLO bounds: wall (postfork plus "
@@ -65,7 +66,8 @@ class PlanConfig(BaseModel):
         "(prompt + completion)")
     bootstrap: int = Field(default=RESAMPLES, ge=100,
                            description="bootstrap resamples for every interval")
-    confidence: float = Field(default=CONFIDENCE, gt=0.5, lt=1)
+    confidence: float = Field(default=CONFIDENCE, gt=0.5, lt=1,
+                              description="coverage of every interval")
     seed: int = Field(default=0, ge=0, description="seed of the bootstrap and the simulator")
     costmodel: Path | None = Field(
         default=None, description="a kernels results file (kernels/SCHEMA.md): the fleet "
@@ -75,14 +77,22 @@ class PlanConfig(BaseModel):
         "kernels/limits.toml, by the roofline's transfer; unvalidated)")
     fleet_replicas: tuple[int, ...] = Field(
         default=(2,), description="replicas of the fleets the fleet model plans (plan."
-        "fleetmodel); () plans none")
+        "fleetmodel), e.g. 2,4,8; none plans none")
     fleet_policies: tuple[str, ...] = Field(
         default=("round_robin", "consistent_hash"), description="vllm-router policies the "
         "fleet model plans each fleet under")
     replica_urls: tuple[str, ...] | None = Field(
         default=None, description="the fleet's replica server URLs, for consistent_hash's ring "
         "(default: those of `make serve REPLICAS=R` on port 8000)")
-    plots: bool = True
+    plots: bool = Field(default=True, description="draw plots/plan_*.png (0: the tables only)")
+
+    @field_validator("fleet_replicas", mode="before")
+    @classmethod
+    def _no_fleet(cls, value: object) -> object:
+        """FLEET_REPLICAS=none plans no fleet (an empty variable means: the default)."""
+        if value == "none" or (isinstance(value, list | tuple) and list(value) == ["none"]):
+            return ()
+        return value
 
     @field_validator("fleet_replicas")
     @classmethod

@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from compaction_bench.common.files import write_json_atomic, write_text_atomic
 from compaction_bench.common.markdown import table
+from compaction_bench.common.paths import results_dir
 from compaction_bench.common.resampling import quantile as hd_quantile
 from compaction_bench.plan.settings import PlanError
 
@@ -47,22 +48,33 @@ class TruthConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    out: Path
-    replicas: tuple[int, ...] = (2, 4, 8)
-    policies: tuple[str, ...] = ("round_robin", "consistent_hash", "cache_aware")
-    arms: tuple[str, ...] = ("clean", "external")
-    slots: int = Field(default=4, ge=2, le=64)  # a profile's shared regime needs one user fewer
-    prefill_ms_per_token: float = Field(default=0.2, gt=0, le=10)
-    cache_discount: float = Field(default=1.0, ge=0, le=1)
-    step_ms: float = Field(default=2.0, gt=0, le=100)
-    step_ms_per_seq: float = Field(default=0.25, ge=0, le=50)
-    block_tokens: int = Field(default=16, ge=1, le=1024)
-    slo: str = "p90:2x"
-    levels: tuple[int, ...] = (1, 2, 4, 8)
-    min_continuations: int = Field(default=16, ge=4, le=400)
-    records: tuple[str, ...] = ()
-    seed: int = Field(default=0, ge=0)
-    port: int = Field(default=18600, ge=1024, le=65000)
+    out: Path = Field(default_factory=lambda: results_dir() / "fleet-truth",
+                      description="folder for the runs and fleet-truth.md/json")
+    replicas: tuple[int, ...] = Field(default=(2, 4, 8), description="fleet sizes R")
+    policies: tuple[str, ...] = Field(
+        default=("round_robin", "consistent_hash", "cache_aware"),
+        description="vllm-router policies in front of each fleet")
+    arms: tuple[str, ...] = Field(default=("clean", "external"), description="arms replayed")
+    # a profile's shared regime needs one user fewer than the slots
+    slots: int = Field(default=4, ge=2, le=64, description="the fake engine's sequence slots")
+    prefill_ms_per_token: float = Field(default=0.2, gt=0, le=10,
+                                        description="prefill cost of an uncached prompt token, ms")
+    cache_discount: float = Field(default=1.0, ge=0, le=1, description="a cached token costs "
+                                  "(1 - this) x the prefill cost")
+    step_ms: float = Field(default=2.0, gt=0, le=100, description="a decode step's base cost, ms")
+    step_ms_per_seq: float = Field(default=0.25, ge=0, le=50, description="a decode step's cost "
+                                   "per running sequence, ms")
+    block_tokens: int = Field(default=16, ge=1, le=1024, description="the prefix cache's block")
+    slo: str = Field(default="p90:2x", description="latency target, as make plan's")
+    levels: tuple[int, ...] = Field(default=(1, 2, 4, 8),
+                                    description="the one-replica sweep's levels")
+    min_continuations: int = Field(default=16, ge=4, le=400, description="measured "
+                                   "continuations per level at least (fleets: max(this, 2N))")
+    records: tuple[str, ...] = Field(default=(), description="replay records (default: the "
+                                     "study's)")
+    seed: int = Field(default=0, ge=0, description="run and simulator seed")
+    port: int = Field(default=18600, ge=1024, le=65000,
+                      description="first port of the fake replicas")
 
     @field_validator("replicas")
     @classmethod

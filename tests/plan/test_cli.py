@@ -26,8 +26,7 @@ def plan_cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_a_sweep_gets_the_whole_plan(make_sweep: Callable[..., Path]) -> None:
     run = make_sweep(requests=True)
-    done = plan_cli(str(run), "--slo", "p90:70s", "--agents", "40", "--gpu-hour-usd", "2.5",
-                    "--bootstrap", "200")
+    done = plan_cli(str(run), "slo=p90:70s", "agents=40", "gpu_hour_usd=2.5", "bootstrap=200")
     assert done.returncode == 0, done.stderr
     document = json.loads((run / "plan.json").read_text())
     assert (document["schema"], document["schema_version"]) == (PLAN_SCHEMA,
@@ -53,7 +52,7 @@ def test_a_sweep_gets_the_whole_plan(make_sweep: Callable[..., Path]) -> None:
 
 def test_the_study_records_say_what_they_cannot_support(tmp_path: Path) -> None:
     run = import_study(out=tmp_path / "study-b300")
-    done = plan_cli(str(run), "--bootstrap", "200")
+    done = plan_cli(str(run), "bootstrap=200")
     assert done.returncode == 0, done.stderr
     document = json.loads((run / "plan.json").read_text())
     assert document["scope"] == "regimes" and document["arms"] == {}
@@ -72,7 +71,7 @@ def test_the_study_records_say_what_they_cannot_support(tmp_path: Path) -> None:
 
 def test_bad_input_ends_in_one_line_naming_the_fix(tmp_path: Path,
                                                    make_sweep: Callable[..., Path]) -> None:
-    bad = plan_cli(str(make_sweep()), "--slo", "fast")
+    bad = plan_cli(str(make_sweep()), "slo=fast")
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines()[-1].startswith("error: SLO='fast'")
     missing = plan_cli(str(tmp_path / "nope"))
@@ -83,8 +82,8 @@ def test_the_cost_model_predicts_unmeasured_levels_and_another_gpu(
         make_sweep: Callable[..., Path]) -> None:
     run = make_sweep(requests=True, levels=(1, 2))
     costs = "kernels/results/cpu-intel-xeon-processor-2c__smollm2-135m-instruct__vllm-0.32.0.json"
-    done = plan_cli(str(run), "--costmodel", costs, "--predict-device", "NVIDIA H200",
-                    "--bootstrap", "200")
+    done = plan_cli(str(run), f"costmodel={costs}", "predict_device=NVIDIA H200",
+                    "bootstrap=200")
     assert done.returncode == 0, done.stderr
     simulation = json.loads((run / "plan.json").read_text())["simulation"]
     assert simulation["transfer_device"] == "H200"
@@ -92,5 +91,5 @@ def test_the_cost_model_predicts_unmeasured_levels_and_another_gpu(
     assert [lv["level"] for lv in clean["levels"]] == [1, 2, 4, 8]
     assert [lv["in_measured_range"] for lv in clean["levels"]] == [True, True, False, False]
     assert clean["mape_pct"] is not None and len(clean["transferred"]) == 4
-    unknown = plan_cli(str(run), "--costmodel", costs, "--predict-device", "TPU v9")
+    unknown = plan_cli(str(run), f"costmodel={costs}", "predict_device=TPU v9")
     assert unknown.returncode == 2 and "kernels/limits.toml" in unknown.stderr

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from compaction_bench.common.settings import build, layered
 from compaction_bench.plan.fleetmodel import (
     EngineFit,
     fit_engine,
@@ -108,3 +109,14 @@ def test_fleet_settings_are_refused_in_one_line() -> None:
         PlanConfig(run_dir=".", fleet_replicas=(0,))
     with pytest.raises(ValueError, match="kv-event-source"):
         PlanConfig(run_dir=".", fleet_policies=("kv_aware",))
+
+
+def test_plan_settings_read_as_the_bench_does_and_none_plans_no_fleet() -> None:
+    words = ["fleet_replicas=none", "SLO=p90:120s", "fleet_policies=round_robin"]
+    config = build(PlanConfig, layered(PlanConfig, words=["run_dir=.", *words]), "plan settings")
+    assert config.fleet_replicas == () and config.slo == "p90:120s"
+    assert config.fleet_policies == ("round_robin",)
+    # an empty variable means the default, not "none"
+    default = build(PlanConfig, layered(PlanConfig, words=["run_dir=.", "fleet_replicas="]),
+                    "plan settings")
+    assert default.fleet_replicas == (2,)

@@ -54,9 +54,9 @@ def test_the_bar_is_five_percent_or_exact_for_small_fleets() -> None:
 def test_fleet_truth_finds_the_true_capacity_and_the_plan_beside_it(tmp_path: Path) -> None:
     out = tmp_path / "truth"
     done = subprocess.run(
-        [sys.executable, "-m", "compaction_bench", "fleet-truth", "--out", str(out),
-         "--replicas", "2", "--policies", "consistent_hash", "--arms", "clean",
-         "--levels", "1,2,4", "--min-continuations", "8", "--port", "18700"],
+        [sys.executable, "-m", "compaction_bench", "fleet-truth", f"out={out}",
+         "replicas=2", "policies=consistent_hash", "arms=clean",
+         "levels=1,2,4", "min_continuations=8", "port=18700"],
         capture_output=True, text=True, timeout=400, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "| consistent_hash | 2 | clean |" in done.stdout
@@ -89,9 +89,9 @@ def test_fleet_truth_finds_the_true_capacity_and_the_plan_beside_it(tmp_path: Pa
 @pytest.mark.e2e
 def test_fleet_truth_refuses_a_bad_setting_in_one_line_from_the_command(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "compaction_bench", "fleet-truth", "--out", str(tmp_path),
-         "--cache-discount", "1.5"], capture_output=True, text=True, timeout=120, check=False)
+        [sys.executable, "-m", "compaction_bench", "fleet-truth", f"out={tmp_path}",
+         "cache_discount=1.5"], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode != 0
     lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "--cache-discount" in lines[0], done.stderr
+    assert len(lines) == 1 and "cache_discount" in lines[0] and "1.5" in lines[0], done.stderr
     assert not (tmp_path / "runs").exists()

@@ -80,7 +80,7 @@ def test_search_finds_the_known_capacity_and_agrees_with_a_full_sweep(
 
     swept = bench(tmp_path, fake.api_url, "regime=sweep", "sweep.levels=1,2,3,4", "run_id=w")
     assert swept.returncode == 0, swept.stderr[-3000:]
-    planned = command(tmp_path, "plan", str(tmp_path / "w"), "--slo", SLO, "--bootstrap", "300")
+    planned = command(tmp_path, "plan", str(tmp_path / "w"), f"slo={SLO}", "bootstrap=300")
     assert planned.returncode == 0, planned.stderr[-3000:]
     plan = json.loads((tmp_path / "w" / "plan.json").read_text())
     for arm, result in results.items():

@@ -62,8 +62,8 @@ def test_a_short_sweep_and_its_plan(cpu_server: Server, tmp_path: Path) -> None:
     assert manifest["sweep"]["server_cache_config"]["block_size"] == "128"
 
     planned = subprocess.run(
-        [sys.executable, "-m", "compaction_bench", "plan", str(run), "--costmodel", CPU_COSTS,
-         "--bootstrap", "300"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+        [sys.executable, "-m", "compaction_bench", "plan", str(run), f"costmodel={CPU_COSTS}",
+         "bootstrap=300"], cwd=ROOT, capture_output=True, text=True, timeout=300,
         check=False, env=env)
     assert planned.returncode == 0, planned.stderr
     document = json.loads((run / "plan.json").read_text())

@@ -93,10 +93,12 @@ def run(
             typer.echo(f"{name:<{width}}  {variable:<24} {default or '-':<18} {description}")
         return
     chosen = bench_config(settings or [], config, from_env)  # bad settings fail before
-    from compaction_bench.bench.report.run_report import write_report  # the heavy imports
+    from compaction_bench.bench.report.routing import compare_policies  # the heavy imports
+    from compaction_bench.bench.report.run_report import write_report
     from compaction_bench.bench.run.runner import run_bench
 
-    outcome = run_bench(chosen, report=lambda run_dir, seed: write_report(run_dir, seed=seed))
+    outcome = run_bench(chosen, report=lambda run_dir, seed: write_report(run_dir, seed=seed),
+                        compare=compare_policies)
     if outcome.report is not None:
         _print_outcome(outcome.report)
     if outcome.aborted:

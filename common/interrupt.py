@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
@@ -22,7 +23,10 @@ from types import FrameType
 @contextmanager
 def interrupt_on(*signals: signal.Signals) -> Iterator[None]:
     """While inside, each of `signals` raises KeyboardInterrupt in this process (module
-    docstring)."""
+    docstring); off the main thread, nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set handlers; a run there has its own
+        return
     owner = os.getpid()
 
     def handle(signum: int, frame: FrameType | None) -> None:

@@ -152,6 +152,13 @@ def write_routing(base: str, run_dirs: Mapping[str, Path], out: Path, *,
     return text
 
 
+def compare_policies(base: str, run_dirs: Mapping[str, Path], missing: Mapping[str, str],
+                     seed: int) -> tuple[Path, str]:
+    """The bench's `Compare`: the comparison beside the runs (`routing_file`), written."""
+    out = routing_file(next(iter(run_dirs.values())).parent, base)
+    return out, write_routing(base, run_dirs, out, missing=missing, seed=seed)
+
+
 def policies_of(analyses: Sequence[RunAnalysis]) -> list[str]:
     """Each run's routing policy as its manifest records it (its run id where none)."""
     return [_policy(a) for a in analyses]

@@ -4,7 +4,8 @@ vllm-router the bench starts for it (a free port, retries off) in front of the s
 and on any error. Each policy's run is a run folder of its own, `<run-id>-<policy>`, whose
 manifest records the router (`router`) and the comparison it belongs to (`routing`), so
 `make report` and `RESUME` work per folder; the routing comparison
-(`results/<run-id>-routing.md`, bench/report/routing.py) is written beside them afterwards.
+(`results/<run-id>-routing.md`) is written beside them afterwards by the `compare` the CLI
+passes (bench/report/routing.py compare_policies): a document, not the run layer's.
 
 RESUME=<run-id>-<policy> continues that policy's run through a new router of its policy;
 RESUME=<run-id> with ROUTER_POLICY=a,b continues each policy's folder that exists and starts
@@ -16,19 +17,17 @@ from __future__ import annotations
 import functools
 import signal
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import Any, TextIO
 
 from compaction_bench.bench.run.config import BenchConfig, BenchError
-from compaction_bench.bench.run.session import RunKind, RunOutcome, Session
+from compaction_bench.bench.run.session import Compare, RunKind, RunOutcome, Session
 from compaction_bench.bench.runfolder import ArmRecord, load_manifest
 from compaction_bench.common.errors import ExitCode, SuiteError
+from compaction_bench.common.interrupt import interrupt_on
 from compaction_bench.common.net import free_port
 from compaction_bench.common.paths import run_state_dir
 from compaction_bench.serve.profile import Profile
@@ -134,29 +133,28 @@ def sibling_policies(config: BenchConfig, base: str) -> list[str]:
     return [p for p in recorded if (results / f"{base}-{p}" / "manifest.json").is_file()]
 
 
-def run_policies(config: BenchConfig, run_one: RunOne, *,
+def run_policies(config: BenchConfig, run_one: RunOne, *, compare: Compare | None = None,
                  stream: TextIO = sys.stderr) -> RoutedRuns:
-    """Each policy's run in turn through a router of its own, then the comparison. A policy
-    whose run failed or was stopped ends the sequence (the replicas may be gone); the rest are
-    named in the comparison and continue with RESUME."""
+    """Each policy's run in turn through a router of its own, then `compare` writes the
+    comparison (the CLI passes it; None: none written). A policy whose run failed or was
+    stopped ends the sequence (the replicas may be gone); the rest are named in the comparison
+    and continue with RESUME."""
     replicas = fleet_replicas(config)
     base, plan = policy_runs(config)
     outcomes: dict[str, RunOutcome] = {}
     missing: dict[str, str] = {}
-    with _signals_interrupt():  # a router between runs is stopped by `finally`, never orphaned
+    # a router between runs is stopped by `finally`, never orphaned
+    with interrupt_on(signal.SIGTERM, signal.SIGHUP):
         _run_each(plan, replicas, base, config, run_one, outcomes, missing, stream)
     policies = sibling_policies(config, base)
-    if not policies:
+    if not policies or compare is None:
         return RoutedRuns(base, outcomes, missing)
-    from compaction_bench.bench.report.routing import routing_file, write_routing
-
     results = Path(config.results_dir)
-    out = routing_file(results, base)
     missing.update({p: "no run folder" for p in config.router_policy
                     if p not in policies and p not in missing})
     try:
-        text = write_routing(base, {p: results / f"{base}-{p}" for p in policies}, out,
-                             missing=missing, seed=config.seed)
+        out, text = compare(base, {p: results / f"{base}-{p}" for p in policies}, missing,
+                            config.seed)
     except (OSError, SuiteError) as exc:
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         missing["comparison"] = f"not written: {why.splitlines()[0]}"
@@ -194,25 +192,6 @@ def _run_each(plan: list[tuple[str, BenchConfig]], replicas: tuple[str, ...], ba
                                                                   fields=fields))
         finally:
             router.stop()
-
-
-@contextmanager
-def _signals_interrupt() -> Iterator[None]:
-    """SIGTERM and SIGHUP raise KeyboardInterrupt (as Ctrl-C does) while no run's own handlers
-    are installed: between runs, while a router starts (main thread only)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def routed_outcome(runs: RoutedRuns, results: Path) -> RunOutcome:

@@ -38,6 +38,7 @@ from compaction_bench.bench.run.hostwatch import HostSampler, span_host
 from compaction_bench.bench.run.progress import Progress
 from compaction_bench.bench.run.resume import block_passes, failed_arms, resumed_config
 from compaction_bench.bench.run.session import (
+    Compare,
     Report,
     RunKind,
     RunOutcome,
@@ -55,17 +56,18 @@ from compaction_bench.serve.profile import Profile
 
 
 def run_bench(config: BenchConfig, *, stream: TextIO = sys.stderr,
-              report: Report | None = None) -> RunOutcome:
+              report: Report | None = None, compare: Compare | None = None) -> RunOutcome:
     """One `make bench`: blocks under a regime, or the load-response sweep (REGIME=sweep);
     `report(run_dir, seed)` writes the report afterwards (the CLI passes it). With
     ROUTER_POLICY=a,b the whole run once per policy, each through a router of its own
-    (bench/run/routing.py); the outcome's `report` is then the `RoutedRuns`."""
+    (bench/run/routing.py), and `compare` writes their comparison (the CLI passes it); the
+    outcome's `report` is then the `RoutedRuns`."""
     config = resumed_config(config)
     if config.router_policy:
         from compaction_bench.bench.run.routing import routed_outcome, run_policies
 
         runs = run_policies(config, lambda routed, wrap: _run_kind(
-            routed, wrap, stream=stream, report=report), stream=stream)
+            routed, wrap, stream=stream, report=report), compare=compare, stream=stream)
         return routed_outcome(runs, Path(config.results_dir))
     return _run_kind(config, lambda kind: kind, stream=stream, report=report)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -145,6 +145,10 @@ class RunKind(Protocol):
 
 
 Report = Callable[[Path, int], Any]
+# The routing comparison of one run per policy (base run id, policy -> run folder in the order
+# they ran, what is missing, seed) written, returning its path and text: a document, so the CLI
+# passes it (bench.report.routing.compare_policies), as it passes `Report`.
+Compare = Callable[[str, Mapping[str, Path], Mapping[str, str], int], tuple[Path, str]]
 
 
 def run_session(config: BenchConfig, kind: RunKind, *, stream: TextIO = sys.stderr,

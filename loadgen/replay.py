@@ -356,43 +356,13 @@ def body_messages(body: bytes) -> list[dict[str, Any]]:
     return found if isinstance(found, list) else []
 
 
-_THINK_OPEN, _THINK_CLOSE = "<think>\n", "\n</think>\n"
-
-
-def _without_thought(content: Any) -> Any:
-    """Assistant content with the inlined thought (`schedule.wire_messages`) taken off."""
-    if isinstance(content, str) and content.startswith(_THINK_OPEN):
-        end = content.find(_THINK_CLOSE)
-        if end >= 0:  # the newline an inlined tool call adds after a thought goes with it
-            return content[end + len(_THINK_CLOSE):].lstrip("\n")
-    return content
-
-
 def compare_wire(clean: dict[str, Any], arm: dict[str, Any], *, arm_name: str,
                  source: str) -> list[str]:
-    """The reasoning-only invariant on two replay bodies in wire form: every difference must be
-    an assistant message's reasoning field, or its content where the two differ only in the
-    inlined thought. Returns the differing fields; raises `InvariantError` naming the first
-    other one."""
-    from compaction_bench.histories.format.invariant import InvariantError, differences
+    """The reasoning-only invariant on two replay bodies in wire form (the invariant's one
+    rule, histories.format.invariant, in its "wire" mode): every difference must be an assistant
+    message's reasoning field, or its content where the two differ only in the inlined thought.
+    Returns the differing fields; raises `InvariantError` naming the first other one."""
+    from compaction_bench.histories.format.invariant import compare_bodies
 
-    messages_c, messages_a = clean.get("messages") or [], arm.get("messages") or []
-    found = []
-    for path, was, now in differences(clean, arm):
-        head, _, field_name = path.rpartition(".")
-        index = int(head[len("messages["):-1]) if head.startswith("messages[") and head.endswith(
-            "]") and head[len("messages["):-1].isdigit() else None
-        assistant = index is not None and index < min(len(messages_c), len(messages_a)) and (
-            messages_c[index].get("role") == messages_a[index].get("role") == "assistant")
-        if assistant and field_name in ("reasoning", "reasoning_content"):
-            found.append(path)
-            continue
-        if assistant and field_name == "content" and _without_thought(was) == _without_thought(
-                now):
-            found.append(path)
-            continue
-        raise InvariantError(f"arm {arm_name} of replay source {source} differs from clean "
-                             f"outside assistant reasoning in the first postfork request, first "
-                             f"at field '{path}': clean {str(was)[:120]!r}, {arm_name} "
-                             f"{str(now)[:120]!r}")
-    return found
+    return compare_bodies(clean, arm, arm_name=arm_name, task=source, reasoning_mode="wire",
+                          protocol="tool_calls", of="replay source").reasoning_fields

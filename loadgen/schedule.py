@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from compaction_bench.histories.format.history import History, HistoryError, load_history
+from compaction_bench.histories.format.reasoning import inline_thought
 from compaction_bench.loadgen.background import ReplayOptions
 
 
@@ -131,7 +132,7 @@ def wire_messages(messages: list[dict[str, Any]], options: ReplayOptions) -> lis
         if reasoning and options.reasoning == "keep":
             wire["reasoning"] = reasoning
         elif reasoning and options.reasoning == "inline":
-            wire["content"] = f"<think>\n{reasoning}\n</think>\n{content or ''}"
+            wire["content"] = inline_thought(reasoning, content)
         calls = message.get("tool_calls")
         if calls and options.tool_calls == "keep":
             wire["tool_calls"] = [{"id": c["id"], "type": "function", "function": {

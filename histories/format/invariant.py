@@ -17,6 +17,7 @@ from typing import Any
 
 from compaction_bench.common.errors import SuiteError
 from compaction_bench.histories.format.actions import action_fences, split_text_action
+from compaction_bench.histories.format.reasoning import without_thought
 
 _REASONING_PATH = re.compile(r"^messages\[(\d+)\]\.(reasoning|reasoning_content)$")
 _CONTENT_PATH = re.compile(r"^messages\[(\d+)\]\.content$")
@@ -61,7 +62,10 @@ def differences(a: Any, b: Any, path: str = "") -> Iterator[tuple[str, Any, Any]
 
 def is_reasoning(path: str, clean: dict[str, Any], arm: dict[str, Any], reasoning_mode: str,
                  protocol: str) -> bool:
-    """Whether a differing field is assistant reasoning (and nothing else rides along)."""
+    """Whether a differing field is assistant reasoning (and nothing else rides along).
+
+    `reasoning_mode` "wire" is a replay's body (loadgen.replay): native reasoning fields, or
+    content that differs only in its inlined thought (`reasoning.inline_thought`)."""
     messages_c, messages_a = clean.get("messages") or [], arm.get("messages") or []
     match = _REASONING_PATH.match(path) or _CONTENT_PATH.match(path)
     if match is None:
@@ -73,7 +77,10 @@ def is_reasoning(path: str, clean: dict[str, Any], arm: dict[str, Any], reasonin
             "assistant"):
         return False
     if _REASONING_PATH.match(path):
-        return reasoning_mode == "native"
+        return reasoning_mode in ("native", "wire")
+    if reasoning_mode == "wire":
+        content_c, content_a = messages_c[index].get("content"), messages_a[index].get("content")
+        return bool(without_thought(content_c) == without_thought(content_a))
     if reasoning_mode == "native":
         return False  # visible content is not reasoning in native mode
     if protocol == "tool_calls":
@@ -93,16 +100,18 @@ def is_reasoning(path: str, clean: dict[str, Any], arm: dict[str, Any], reasonin
 
 def compare_bodies(clean: dict[str, Any], arm: dict[str, Any], *, arm_name: str, task: str,
                    reasoning_mode: str, protocol: str, clean_sha256: str | None = None,
-                   arm_sha256: str | None = None) -> InvariantReport:
-    """Raise `InvariantError` naming the first field outside assistant reasoning where two
-    first postfork requests differ; else report the reasoning fields that differ."""
+                   arm_sha256: str | None = None, of: str = "task") -> InvariantReport:
+    """The one check of the invariant, for live agents and replay alike (`reasoning_mode`
+    "wire"): raise `InvariantError` naming the first field outside assistant reasoning where
+    two first postfork requests differ; else report the reasoning fields that differ. `of`
+    names what `task` is in the message ("replay source" for a replay record)."""
     allowed = []
     for path, was, now in differences(clean, arm):
         if not is_reasoning(path, clean, arm, reasoning_mode, protocol):
             show = "(absent)" if was is _MISSING else repr(was)[:120]
             got = "(absent)" if now is _MISSING else repr(now)[:120]
             raise InvariantError(
-                f"arm {arm_name} of task {task} differs from clean outside assistant "
+                f"arm {arm_name} of {of} {task} differs from clean outside assistant "
                 f"reasoning in the first postfork request, first at field '{path}': clean "
                 f"{show}, {arm_name} {got}")
         allowed.append(path)

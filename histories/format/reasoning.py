@@ -17,6 +17,26 @@ from compaction_bench.histories.format.actions import (
     recorded_action,
 )
 
+# --- reasoning inlined into content, for a target without a reasoning field -------------------
+
+THINK_OPEN, THINK_CLOSE = "<think>\n", "\n</think>\n"
+
+
+def inline_thought(reasoning: str, content: str | None) -> str:
+    """Native reasoning inlined in front of the content, as a replay sends it to a target without
+    a reasoning field (`loadgen.schedule.wire_messages`, REPLAY reasoning=inline)."""
+    return f"{THINK_OPEN}{reasoning}{THINK_CLOSE}{content or ''}"
+
+
+def without_thought(content: Any) -> Any:
+    """Content with its inlined thought (`inline_thought`) taken off; anything else as it is."""
+    if isinstance(content, str) and content.startswith(THINK_OPEN):
+        end = content.find(THINK_CLOSE)
+        if end >= 0:  # the newline an inlined tool call adds after a thought goes with it
+            return content[end + len(THINK_CLOSE):].lstrip("\n")
+    return content
+
+
 # --- blocks inside messages --------------------------------------------------------------------
 
 def action_name(message: dict[str, Any], protocol: str) -> str:

@@ -43,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from compaction_bench.common.errors import SuiteError
 from compaction_bench.serve.endpoints import EndpointError, ServerEndpoints
+from compaction_bench.transport import dialect
 from compaction_bench.transport.client import StreamClient, prepare
 from compaction_bench.transport.request import RequestRecord
 
@@ -141,8 +142,8 @@ def _payload(config: ProbeConfig, content: str, max_tokens: int) -> dict[str, An
     # generated end-of-turn token still arrives as text, so every token is stamped (a stream
     # of special tokens alone would otherwise show no first token at all)
     return {"model": config.model, "messages": [{"role": "user", "content": content}],
-            "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
-            "skip_special_tokens": False}
+            **dialect.length(max_tokens), "temperature": 0.0,
+            **dialect.special_tokens_as_text()}
 
 
 def _send(client: StreamClient, config: ProbeConfig, content: str, max_tokens: int,

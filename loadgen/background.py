@@ -40,6 +40,7 @@ from compaction_bench.common.files import append_jsonl, write_text_atomic
 from compaction_bench.common.net import api_url
 from compaction_bench.common.paths import histories_root
 from compaction_bench.common.processtree import stop_tree
+from compaction_bench.transport import dialect
 from compaction_bench.transport.client import send_once
 
 
@@ -139,7 +140,7 @@ class BackgroundConfig(BaseModel):
         different from every other user's (64 users cost the server what 64 agents do).
         The run's part: `cache_salt`, else a `cache_salt` in `replay.extra_body` (once shared
         by all users), else `bg-<seed>-<origin>`."""
-        run = self.cache_salt or self.replay.extra_body.get("cache_salt") or (
+        run = self.cache_salt or self.replay.extra_body.get(dialect.CACHE_SALT) or (
             f"bg-{self.seed}-{self.origin:.6f}")
         return f"{run}-bg{slot}"
 
@@ -183,7 +184,7 @@ def measure_service(url: str, model: str, *, tokens: int = 32, api_key: str | No
     best: ServiceProbe | None = None
     for number in range(repeats):
         got = send_once(api_url(url), {
-            "model": model, "max_tokens": tokens, "ignore_eos": True, "temperature": 0.0,
+            "model": model, **dialect.length(tokens), "temperature": 0.0,
             "messages": [{"role": "user", "content": "Describe the weather in one paragraph."}]},
             request_id=f"service-probe-{number}", read_timeout_s=600, api_key=api_key).record
         if not got.ok or got.first_token_s is None or got.end_s is None:

@@ -69,6 +69,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from compaction_bench.loadgen.fakeengine import Engine, Job, StepModel
+from compaction_bench.transport import dialect
 
 _WORDS = re.compile(r"\S+\s*|\s+")
 
@@ -340,7 +341,7 @@ class FakeServer:
         try:
             if self.engine is not None and not _BYPASS_ENGINE.intersection(reply):
                 job = self.engine.job(received, json.dumps(body.get("messages") or []), prompt,
-                                      len(pieces), body.get("cache_salt"))
+                                      len(pieces), body.get(dialect.CACHE_SALT))
                 return await self._engine_chat(job, body, writer, Reply(
                     rid, model, pieces, calls, finish, reply.get("usage") or {},
                     str(reply.get("separator") or "\n\n").encode()))

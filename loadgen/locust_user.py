@@ -37,6 +37,7 @@ from locust.env import Environment
 from compaction_bench.common.files import JsonlWriter
 from compaction_bench.loadgen.background import BackgroundConfig
 from compaction_bench.loadgen.schedule import Turn, load_schedules
+from compaction_bench.transport import dialect
 from compaction_bench.transport.client import StreamClient, prepare
 from compaction_bench.transport.request import RequestRecord
 
@@ -127,7 +128,7 @@ class BackgroundAgent(User):
         request_id = f"bg-{self.slot}-{number}"
         salt = config.user_salt(self.slot)
         # one conversation of one background agent: a router keeps it on one replica
-        request = prepare(config.api_url, {**turn.payload, "cache_salt": salt},
+        request = prepare(config.api_url, {**turn.payload, **dialect.cache_salt(salt)},
                           request_id=request_id,
                           intended_send_s=due, api_key=self.api_key,
                           session_id=f"bg-{self.slot}-c{cycle}")

@@ -40,6 +40,7 @@ from compaction_bench.histories.format.history import History, HistoryError
 from compaction_bench.histories.policies.base import HistoryPolicy
 from compaction_bench.loadgen.background import ReplayOptions
 from compaction_bench.loadgen.schedule import wire_messages
+from compaction_bench.transport import dialect
 from compaction_bench.transport.client import StreamClient
 from compaction_bench.transport.request import PreparedRequest, RequestRecord, prepare
 
@@ -226,8 +227,8 @@ def turn_body(plan: ReplayPlan, turn: ReplayTurn, settings: ReplaySettings,
     policy): wire form, forced length, sampling and the run's extra fields."""
     body: dict[str, Any] = {
         "model": settings.model_name, "messages": wire_messages(history, settings.wire),
-        "max_tokens": turn.completion_tokens, "min_tokens": turn.completion_tokens,
-        "ignore_eos": True, "temperature": settings.temperature,
+        **dialect.length(turn.completion_tokens, exact=True),
+        "temperature": settings.temperature,
         "stream": True, "stream_options": {"include_usage": True}}
     if settings.seed is not None:
         body["seed"] = settings.seed + turn.number

@@ -30,6 +30,7 @@ from typing import Any
 from compaction_bench.histories.format.history import History, HistoryError, load_history
 from compaction_bench.histories.format.reasoning import inline_thought
 from compaction_bench.loadgen.background import ReplayOptions
+from compaction_bench.transport import dialect
 
 
 @dataclass(frozen=True)
@@ -78,8 +79,7 @@ def schedule_history(history: History, name: str, options: ReplayOptions, *, mod
         if max_tokens > room:
             max_tokens, source = max(1, room), "capped"
         payload: dict[str, Any] = {"model": model, "messages": wire,
-                                   "max_tokens": max_tokens, "ignore_eos": True,
-                                   **options.extra_body}
+                                   **dialect.length(max_tokens), **options.extra_body}
         if tools:
             payload["tools"] = tools
         planned, planned_source = _planned(extra, max_tokens, options)

@@ -23,11 +23,12 @@ from compaction_bench.histories.policies.compacting import policy_for
 from compaction_bench.histories.policies.registry import ArmSpec, parse_arm
 from compaction_bench.histories.tasks.task import Task
 from compaction_bench.loadgen.replay import ReplayPlan, ReplaySettings, first_body
+from compaction_bench.transport import dialect
 
 # Fields a request body may differ in between arms because the run set them on purpose (a
 # recorded factor), not because a policy touched the history: the per-arm cache salt (CACHE=
 # isolated) and the per-arm sampling seed (SEEDS=independent).
-FACTOR_FIELDS = ("cache_salt", "seed")
+FACTOR_FIELDS = (dialect.CACHE_SALT, "seed")
 # Replay forces each arm's own recorded output length: the recorded behaviour, not the history.
 REPLAY_FACTOR_FIELDS = (*FACTOR_FIELDS, "max_tokens", "min_tokens")
 

@@ -53,6 +53,7 @@ from compaction_bench.histories.policies.base import HistoryPolicy
 from compaction_bench.histories.tasks.task import Task
 from compaction_bench.loadgen.background import ReplayOptions
 from compaction_bench.loadgen.replay import REPLAYED, ReplayResult, ReplaySettings, replay
+from compaction_bench.transport import dialect
 from compaction_bench.transport.request import PreparedRequest, RequestRecord
 
 # mini-swe-agent's terminal statuses: reaching one of them (without a transport error) is
@@ -250,7 +251,7 @@ def run_block(arms: list[Arm], *, settings: BlockSettings, regime: str, block: i
         # block run again after a crash, or a rerun under the same RUN_ID, starts cold too
         salt = cache_salt(config, settings.run_salt or settings.run_id, block, block_pass,
                           arm.name, attempt)
-        extra = {**settings.model.extra_body, **({"cache_salt": salt} if salt else {})}
+        extra = {**settings.model.extra_body, **dialect.cache_salt(salt)}
         return settings.model.model_copy(update={"seed": seed, "extra_body": extra}), salt
 
     record_name = settings.record_for(block) if any(a.replay for a in arms) else None

@@ -61,6 +61,7 @@ from compaction_bench.loadgen.replay import describe_plan
 from compaction_bench.serve.endpoints import server_version
 from compaction_bench.serve.launcher import ServerConfig, server_for
 from compaction_bench.serve.profile import Profile, resolve_profile
+from compaction_bench.transport import dialect
 
 DEFAULT_KV_BLOCK = 16  # vLLM's KV block size where a profile sets none
 
@@ -255,7 +256,7 @@ def _setup(session: Session, stack: ExitStack, prints: dict[str, Any], kind: Run
         update={"request_timeout_s": config.stream_deadline_s})
     if config.token_ids:  # prompt and completion ids come back: cache-break accounting
         model = model.model_copy(update={"extra_body": {**model.extra_body,
-                                                        "return_token_ids": True}})
+                                                        **dialect.token_ids()}})
     session.model = model
     extra = kind.prepare(session)
     if session.manifest is None:

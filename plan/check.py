@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
+from compaction_bench.bench.analysis.replicas import continuation_cache, request_replicas
 from compaction_bench.common.files import write_json_atomic, write_text_atomic
 from compaction_bench.common.markdown import MISSING, number, percent, table
 from compaction_bench.common.resampling import interval
@@ -60,7 +62,7 @@ from compaction_bench.plan.settings import PlanConfig, PlanError
 CHECK_JSON = "plan_check.json"
 CHECK_MD = "plan_check.md"
 CHECK_SCHEMA = "compbench.plan_check"
-CHECK_SCHEMA_VERSION = 2
+CHECK_SCHEMA_VERSION = 3  # 3: the routing columns (hit rate, busiest replica share)
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,14 @@ class CheckRow:
     even_split_s: float | None = None  # the one-replica curve at N / R (the old prediction)
     even_split_error_pct: float | None = None
     model: str = "fleet model"  # what predicted_s is: "fleet model" or "even split"
+    # what the routing did, predicted (the fleet model's simulated fleet at N) against measured
+    # (the check level's own requests): the later turns' cached share of prompt tokens, and the
+    # busiest replica's share of the requests (replicas inferred from their counters). Where
+    # the error is large, these say whether the split or the cache, or neither, caused it.
+    predicted_hit_rate: float | None = None
+    measured_hit_rate: float | None = None
+    predicted_hottest_share: float | None = None
+    measured_hottest_share: float | None = None
 
 
 def fleet_of(obs: Observations, replicas: int | None = None) -> Fleet:
@@ -117,6 +127,7 @@ def _rows(plan: Plan, check: Observations, fleet: Fleet, rng: np.random.Generato
     assert fleet.replicas is not None
     rows = []
     model = _fleet_model(plan, check, fleet)
+    served_by = request_replicas(check.records) or {}
     for arm, cap in plan.capacity.items():
         curve = MonotoneCurve([lv.level for lv in cap.levels], cap.quantiles,
                               [lv.n for lv in cap.levels])
@@ -136,6 +147,9 @@ def _rows(plan: Plan, check: Observations, fleet: Fleet, rng: np.random.Generato
                      (predicted - measured) / measured * 100)
             even_error = (None if even is None or not measured else
                           (even - measured) / measured * 100)
+            simulated = None if predictor is None or even is None else predictor.run(
+                fleet.policy, fleet.replicas, lv.level)
+            hit, hottest = _routing_measured(check, arm, lv.level, served_by)
             rows.append(CheckRow(
                 run_id=check.run_id, policy=fleet.policy, replicas=fleet.replicas, arm=arm,
                 level=lv.level, per_replica=per,
@@ -144,8 +158,28 @@ def _rows(plan: Plan, check: Observations, fleet: Fleet, rng: np.random.Generato
                 measured_s=measured, measured_ci=ci, n=lv.n_all, failed=lv.failed,
                 slo_s=cap.slo_s, held=measured is not None and measured <= cap.slo_s,
                 error_pct=error, even_split_s=even, even_split_error_pct=even_error,
-                model="even split" if predictor is None else "fleet model"))
+                model="even split" if predictor is None else "fleet model",
+                predicted_hit_rate=None if simulated is None else simulated.hit_rate,
+                measured_hit_rate=hit,
+                predicted_hottest_share=None if simulated is None else simulated.hottest_share,
+                measured_hottest_share=hottest))
     return rows
+
+
+def _routing_measured(check: Observations, arm: str, level: int,
+                      served_by: dict[str, str | None]) -> tuple[float | None, float | None]:
+    """The check level's later-turn hit rate (its measured continuations, as the fleet model
+    counts them) and its busiest replica's share of the arm's requests (those attributed)."""
+    own = [r for r in check.records.requests if r.source == arm and r.ok
+           and r.labels.get("level") == level]
+    measured = [r for r in own if r.labels.get("sweep_phase") in (None, "measured")]
+    found = continuation_cache(measured, [arm])
+    rate = found[0].later if found else None
+    hit = (rate.cached_tokens / rate.prompt_tokens) if rate and rate.prompt_tokens else None
+    counts = Counter(served_by.get(r.request_id) for r in own)
+    counts.pop(None, None)
+    total = sum(counts.values())
+    return hit, (max(counts.values()) / total if total else None)
 
 
 def _fleet_model(plan: Plan, check: Observations, fleet: Fleet) -> dict[str, Any]:
@@ -252,7 +286,8 @@ def check_markdown(plan: Plan, rows: list[CheckRow]) -> str:
              f"assumption; measured: the check level's {q} (failures as misses) with its "
              f"{100 * plan.config.confidence:g}% bootstrap interval; SLO "
              f"{plan.config.target.label}; error = (predicted - measured) / measured "
-             "(plan/check.py).", ""]
+             "(plan/check.py). The routing columns say what the split and the cache did, "
+             "predicted against measured, where the error comes from them.", ""]
     lines += [f"{note}\n" for note in plan.notes if note.startswith((SHARE_NOTE, HOST_NOTE))]
     cells = [[r.policy, str(r.replicas), r.arm, f"{r.level}{' (planned)' if r.planned else ''}",
               f"{number(r.predicted_s, 1)}{' (extrapolated)' if r.extrapolated else ''}"
@@ -265,10 +300,16 @@ def check_markdown(plan: Plan, rows: list[CheckRow]) -> str:
               MISSING if r.even_split_s is None else (
                   f"{number(r.even_split_s, 1)} ({r.even_split_error_pct:+.1f}%)"
                   if r.even_split_error_pct is not None else number(r.even_split_s, 1)),
+              f"{percent(r.predicted_hit_rate, 0, fraction=True)} / "
+              f"{percent(r.measured_hit_rate, 0, fraction=True)}",
+              f"{percent(r.predicted_hottest_share, 0, fraction=True)} / "
+              f"{percent(r.measured_hottest_share, 0, fraction=True)}",
               f"{r.n} ({r.failed} failed)", r.run_id]
              for r in rows for low, high in [r.measured_ci or (None, None)]]
     lines += table(["policy", "replicas", "arm", "N", f"predicted {q} s", f"measured {q} s",
-                    "SLO s", "held", "error", f"even split {q} s (error)", "n", "run"], cells)
+                    "SLO s", "held", "error", f"even split {q} s (error)",
+                    "later-turn hit rate, predicted / measured",
+                    "busiest replica's share, predicted / measured", "n", "run"], cells)
     return "\n".join(lines) + "\n"
 
 

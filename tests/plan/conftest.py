@@ -128,7 +128,9 @@ def write_sweep_run(path: Path, *, seed: int, truth: Truth = Truth(),
                                 source=arm, regime="sweep", block=block, end_s=sent + 0.2
                                 * postfork, first_token_s=sent + 0.01,
                                 prompt_tokens=1000 + 500 * r, cached_tokens=900,
-                                completion_tokens=100, labels={"attempt": "original"}))
+                                completion_tokens=100, labels={
+                                    "attempt": "original", "level": level,
+                                    "sweep_phase": phase}))
                     t += postfork / agents
             cells.write({"arm": arm, "level": level, "agents": agents, "cell_pass": 1,
                          "status": "done", "started_s": start, "ended_s": t,

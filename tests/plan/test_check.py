@@ -15,7 +15,14 @@ from typing import Any
 
 import pytest
 
-from compaction_bench.plan.check import Fleet, check_plan, fleet_of, plan_settings, write_check
+from compaction_bench.plan.check import (
+    Fleet,
+    check_markdown,
+    check_plan,
+    fleet_of,
+    plan_settings,
+    write_check,
+)
 from compaction_bench.plan.observations import observe
 from compaction_bench.plan.planner import build_plan
 from compaction_bench.plan.settings import PlanConfig, PlanError
@@ -63,6 +70,28 @@ def test_the_check_reports_prediction_error_and_the_slo_per_policy(
     assert not bad.held and bad.error_pct is not None and bad.error_pct < -15
     assert abs(bad.error_pct - true_error) < 10
     assert even.slo_s == plan.capacity["clean"].slo_s
+
+
+def test_each_row_says_what_the_routing_did_predicted_against_measured(
+        truth: Any, make_sweep: Callable[..., Path]) -> None:
+    plan_run = make_sweep("plan", seed=1, requests=True)
+    config = PlanConfig(run_dir=plan_run, slo=f"p90:{truth.quantile(5.5, 0.9)}s",
+                        bootstrap=200, plots=False)
+    check = make_sweep("check-round_robin", seed=2, levels=(8,), per_level=40, requests=True,
+                       config={"replica_urls": URLS, "router_policy": ["round_robin"]})
+    _, rows = check_plan(config, [check])
+    (row,) = [r for r in rows if r.arm == "clean"]
+    assert row.model == "fleet model" and row.predicted_s is not None
+    # each measured continuation: three requests of 1000, 1500 and 2000 prompt tokens with
+    # 900 cached; its later turns' share is (900 + 900) / (1500 + 2000)
+    assert row.measured_hit_rate == pytest.approx(1800 / 3500)
+    assert row.predicted_hit_rate is not None and 0 <= row.predicted_hit_rate <= 1
+    # no replica counters in this folder: which replica served a request is not known
+    assert row.measured_hottest_share is None
+    assert row.predicted_hottest_share is not None and row.predicted_hottest_share >= 0.5
+    markdown = check_markdown(build_plan(config), rows)
+    assert "later-turn hit rate, predicted / measured" in markdown
+    assert f"/ {round(100 * 1800 / 3500)}%" in markdown
 
 
 def test_the_files_and_the_policy_line_in_plan_md(truth: Any,

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -40,6 +40,7 @@ from compaction_bench.common.resampling import quantile as hd_quantile
 from compaction_bench.plan.settings import PlanError
 
 TRUTH_MD = "fleet-truth.md"
+TRUTH_CONFIDENCE = 0.95  # of each measured level's quantile interval (the truth's range)
 TRUTH_JSON = "fleet-truth.json"
 
 
@@ -132,6 +133,28 @@ class TruthRow:
     slo_s: float
     measured: dict[int, float | None]  # N -> measured quantile (None: missed by failures)
     hit_rate: float | None = None  # the fleet model's later-turn hit rate at the planned N
+    # N -> the measured quantile's 95% order-statistic interval (bench.run.boundary.measure)
+    intervals: dict[int, tuple[float, float]] = field(default_factory=dict)
+
+    @property
+    def truth_range(self) -> tuple[int, int | None]:
+        """Where the true capacity lies, as far as the measured levels can tell (module
+        docstring): from the largest N whose interval lies wholly under the SLO to one below
+        the smallest N whose interval lies wholly above it (None: no such N measured). With a
+        p90 of 16-60 continuations per level the measured quantile is itself uncertain, and a
+        flat curve near the SLO leaves several fleets that no measurement here can tell apart."""
+        under = [n for n, (_, high) in self.intervals.items() if high <= self.slo_s]
+        over = [n for n, (low, _) in self.intervals.items() if low > self.slo_s]
+        top = min(over) - 1 if over else None
+        low = max([n for n in under if top is None or n <= top], default=0)
+        return low, top
+
+    @property
+    def planned_in_range(self) -> bool | None:
+        if self.planned_agents is None:
+            return None
+        low, high = self.truth_range
+        return low <= self.planned_agents and (high is None or self.planned_agents <= high)
 
 
 class _Servers:
@@ -195,17 +218,21 @@ def _sweep(config: TruthConfig, profile: Path, base_url: str, run_id: str, arms:
 
 
 def _quantile_at(run_dir: Path, arm: str, level: int, quantile: float,
-                 basis: str) -> float | None:
+                 basis: str) -> tuple[float | None, tuple[float, float]]:
     """The measured SLO quantile of `arm` at `level` (failures ranked as misses; None: missed
-    by failures alone), as the plan computes it (plan.capacity)."""
+    by failures alone), as the plan computes it (plan.capacity), and its 95% order-statistic
+    interval (bench.run.boundary.measure, the search's own)."""
+    from compaction_bench.bench.run.boundary import measure
     from compaction_bench.plan.capacity import sweep_levels
     from compaction_bench.plan.observations import observe
 
     for lv in sweep_levels(observe(run_dir)).get(arm, []):
         if lv.level == level:
+            found = measure(list(lv.times(basis)), lv.failed, quantile, TRUTH_CONFIDENCE)
+            ends = (found.low_s, found.high_s)
             if lv.n == 0 or lv.missed(quantile):
-                return None
-            return float(hd_quantile(lv.times(basis), lv.rank(quantile)))
+                return None, ends
+            return float(hd_quantile(lv.times(basis), lv.rank(quantile))), ends
     raise PlanError(f"{run_dir}: no measured {arm} continuations at N={level}")
 
 
@@ -252,8 +279,8 @@ def run_truth(config: TruthConfig, log: TextIO) -> list[TruthRow]:
                             continue
 
                         def measure(n: int, arm: str = arm, policy: str = policy,
-                                    router: Router = router,
-                                    replicas: int = replicas) -> float | None:
+                                    router: Router = router, replicas: int = replicas
+                                    ) -> tuple[float | None, tuple[float, float]]:
                             # every arm at once (the bench pairs them with clean); a level
                             # one arm's search measured serves the other's too
                             run = _sweep(config, profile, router.config.server_url,
@@ -273,10 +300,11 @@ def _search(measure: Any, planned: Any, slo_s: float, replicas: int, policy: str
             log: TextIO) -> TruthRow:
     """The true capacity by measurement, from the planned N outward (module docstring)."""
     measured: dict[int, float | None] = {}
+    intervals: dict[int, tuple[float, float]] = {}
 
     def held(n: int) -> bool:
         if n not in measured:
-            measured[n] = measure(n)
+            measured[n], intervals[n] = measure(n)
             shown = "missed (failures)" if measured[n] is None else f"{measured[n]:.2f} s"
             print(f"[fleet-truth] {policy} x{replicas} {arm} N={n}: {shown} against the SLO "
                   f"{slo_s:.2f} s", file=log, flush=True)
@@ -315,7 +343,8 @@ def _search(measure: Any, planned: Any, slo_s: float, replicas: int, policy: str
                     held_at_planned=None if not plan_n else (
                         at_plan is not None and at_plan <= slo_s),
                     planned_s=planned.predicted_s, measured_at_planned_s=at_plan, slo_s=slo_s,
-                    measured=dict(sorted(measured.items())), hit_rate=planned.hit_rate)
+                    measured=dict(sorted(measured.items())), hit_rate=planned.hit_rate,
+                    intervals=dict(sorted(intervals.items())))
 
 
 def truth_markdown(config: TruthConfig, rows: list[TruthRow]) -> str:
@@ -327,18 +356,29 @@ def truth_markdown(config: TruthConfig, rows: list[TruthRow]) -> str:
              f"(at least {config.min_continuations} continuations per level); SLO {config.slo}. "
              "True agents: the largest fleet whose measured quantile met the SLO through the "
              "real vllm-router (every level measured is in the measured column); error = "
-             "(planned - true) / true.", ""]
+             "(planned - true) / true. The truth's range: from the largest N whose measured "
+             f"quantile's {100 * TRUTH_CONFIDENCE:g}% interval lies wholly under the SLO to "
+             "one below the smallest N whose interval lies wholly above it (the measurements "
+             "cannot tell the fleets inside it apart; open where none lay above).", ""]
     cells = [[r.policy, str(r.replicas), r.arm,
               "-" if r.true_agents is None else str(r.true_agents),
               "-" if r.planned_agents is None else str(r.planned_agents),
               "-" if r.error_pct is None else f"{r.error_pct:+.1f}%",
               "-" if r.held_at_planned is None else ("yes" if r.held_at_planned else "**no**"),
+              _range(r), "-" if r.planned_in_range is None else (
+                  "yes" if r.planned_in_range else "**no**"),
               ", ".join(f"{n}: {'miss' if v is None else f'{v:.2f}'}"
                         for n, v in r.measured.items()),
               f"{r.slo_s:.2f}"] for r in rows]
     lines += table(["policy", "replicas", "arm", "true agents", "planned agents", "error",
-                    "SLO held at planned N", "measured quantile s by N", "SLO s"], cells)
+                    "SLO held at planned N", "truth's range", "planned in it",
+                    "measured quantile s by N", "SLO s"], cells)
     return "\n".join(lines) + "\n"
+
+
+def _range(row: TruthRow) -> str:
+    low, high = row.truth_range
+    return f"{low}-{high}" if high is not None else f">= {low}"
 
 
 def write_truth(config: TruthConfig, rows: list[TruthRow]) -> None:
@@ -346,7 +386,9 @@ def write_truth(config: TruthConfig, rows: list[TruthRow]) -> None:
     write_json_atomic(config.out / TRUTH_JSON, {
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "config": json.loads(config.model_dump_json()),
-        "rows": [{**asdict(r), "measured": {str(k): v for k, v in r.measured.items()}}
+        "rows": [{**asdict(r), "measured": {str(k): v for k, v in r.measured.items()},
+                  "intervals": {str(k): list(v) for k, v in r.intervals.items()},
+                  "truth_range": list(r.truth_range), "planned_in_range": r.planned_in_range}
                  for r in rows]})
 
 

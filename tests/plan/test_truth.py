@@ -49,6 +49,19 @@ def test_the_bar_is_five_percent_or_exact_for_small_fleets() -> None:
     assert not within(_row(None, 4)) and not within(_row(4, None))
 
 
+def test_the_truths_range_is_what_the_measured_intervals_can_tell_apart() -> None:
+    row = _row(4, 5)
+    row.intervals.update({3: (2.0, 2.5), 4: (2.3, 2.9), 5: (2.5, 3.1), 6: (2.8, 3.5)})
+    row.slo_s = 2.65
+    # 3 is clearly under the SLO, 6 clearly over it; 4 and 5 straddle it
+    assert row.truth_range == (3, 5) and row.planned_in_range
+    assert not within(row)  # the strict bar still says 5 is not the measured 4
+    row.planned_agents = 6
+    assert row.planned_in_range is False
+    row.intervals.pop(6)
+    assert row.truth_range == (3, None) and row.planned_in_range  # nothing clearly over
+
+
 @pytest.mark.e2e
 @pytest.mark.timeout(420)
 def test_fleet_truth_finds_the_true_capacity_and_the_plan_beside_it(tmp_path: Path) -> None:
@@ -80,6 +93,10 @@ def test_fleet_truth_finds_the_true_capacity_and_the_plan_beside_it(tmp_path: Pa
     if str(planned) in row["measured"]:
         assert row["held_at_planned"] == (measured[planned] is not None
                                           and measured[planned] <= row["slo_s"])
+    # every measured level has its interval, and the range is read from them
+    assert set(row["intervals"]) == set(row["measured"])
+    low, high = row["truth_range"]
+    assert high is None or low <= high
     assert (out / "runs" / "one-replica" / "sweep.jsonl").is_file()
     manifest = json.loads((out / "runs" / f"R2-consistent_hash-N{true}" /
                            "manifest.json").read_text())

@@ -48,6 +48,31 @@ class Inverse:
     extrapolated: bool
 
 
+def end_slopes(levels: np.ndarray, fitted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per fitted curve (a row), the slopes it goes on with below its first level and above its
+    last: the end segment's, or where pooling left that end flat, the secant from the end to
+    the nearest level whose value differs. A flat end is the isotonic fit's, not the load's: two
+    measured quantiles that dipped (73.7 s at N = 8 under 74.9 s at N = 4, on a curve rising to
+    83 s) pool into one value, and a flat last segment extrapolated flat read "beyond measured
+    range: > 16" for a true 5.5 (issue 29). Only a curve flat at every level stays flat."""
+    x, f = np.asarray(levels, dtype=float), np.atleast_2d(fitted)
+    rows = len(f)
+    if len(x) < 2:
+        return np.zeros(rows), np.zeros(rows)
+    last = len(x) - 1
+    lower = f[:, :-1] < f[:, -1:]  # levels below the top value
+    has_low = lower.any(axis=1)
+    k = last - 1 - np.argmax(lower[:, ::-1], axis=1)  # the nearest such level to the top
+    upper = f[:, 1:] > f[:, :1]  # levels above the first value
+    has_up = upper.any(axis=1)
+    j = 1 + np.argmax(upper, axis=1)
+    index = np.arange(rows)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        top = np.where(has_low, (f[:, -1] - f[index, k]) / (x[-1] - x[k]), 0.0)
+        bottom = np.where(has_up, (f[index, j] - f[:, 0]) / (x[j] - x[0]), 0.0)
+    return bottom, top
+
+
 class MonotoneCurve:
     """The fitted curve (module docstring). `levels` ascending, one value per level."""
 
@@ -71,10 +96,11 @@ class MonotoneCurve:
         return float(self.levels[-1])
 
     def _slope(self, end: int) -> float:
-        if len(self.levels) < 2:
-            return 0.0
-        i, j = (0, 1) if end == 0 else (-2, -1)
-        return float((self.fitted[j] - self.fitted[i]) / (self.levels[j] - self.levels[i]))
+        """The slope the curve goes on with past one end (`end` 0: below the first level, -1:
+        above the last): its end segment's, or where the fit is flat at that end (pooled
+        levels), the secant to the nearest level with another value (`end_slopes`)."""
+        first, last = end_slopes(self.levels, self.fitted[None, :])
+        return float(first[0] if end == 0 else last[0])
 
     def __call__(self, n: float) -> float:
         if self._pchip is None:
@@ -131,11 +157,7 @@ class CurveBatch:
                   if len(self.levels) >= 2 else None)  # (4, segments, curves)
 
     def _end_slopes(self) -> tuple[np.ndarray, np.ndarray]:
-        x, f = self.levels, self.fitted
-        if len(x) < 2:
-            zero = np.zeros(len(f))
-            return zero, zero
-        return (f[:, 1] - f[:, 0]) / (x[1] - x[0]), (f[:, -1] - f[:, -2]) / (x[-1] - x[-2])
+        return end_slopes(self.levels, self.fitted)
 
     def inverse(self, targets: ArrayLike) -> np.ndarray:
         """Per curve, the largest N with curve(N) <= target: NaN where none (as

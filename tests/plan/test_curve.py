@@ -35,6 +35,23 @@ def test_inverse_beyond_and_below_the_measured_levels() -> None:
     assert flat.inverse(11).value == math.inf
 
 
+def test_a_dip_at_the_top_level_does_not_make_the_curve_flat_forever() -> None:
+    # a saturating sweep whose p90 at N = 8 came out under N = 4's (16 continuations each): the
+    # fit pools them into one flat top, which extrapolated flat read the SLO as never reached
+    levels, values = [1, 2, 4, 8], [36.2, 54.5, 74.9, 73.7]
+    curve = MonotoneCurve(levels, values, [16, 16, 16, 16])
+    pooled = (74.9 + 73.7) / 2
+    slope = (pooled - 54.5) / (8 - 2)  # the secant to the nearest level below the pooled top
+    up = curve.inverse(74.9)
+    assert up.value == pytest.approx(8 + (74.9 - pooled) / slope) and up.extrapolated
+    assert curve(12) == pytest.approx(pooled + 4 * slope)
+    batch = CurveBatch(levels, [values], [16, 16, 16, 16])
+    assert batch.inverse([74.9])[0] == pytest.approx(up.value)
+    # the same at the bottom: a first level pooled with the second
+    low = MonotoneCurve([1, 2, 4], [12, 11, 16], [1, 1, 1])
+    assert low.inverse(11).value == pytest.approx(1 - 0.5 / ((16 - 11.5) / 3))
+
+
 def test_the_batch_agrees_with_the_single_curve_row_by_row() -> None:
     rng = np.random.default_rng(3)
     levels = [1, 2, 4, 8]

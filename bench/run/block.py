@@ -30,29 +30,23 @@ from typing import Any
 
 import numpy as np
 
-from compaction_bench.bench.run.arm import (
-    Arm,
-    AttemptContext,
-    WireCheck,
-    check_on_the_wire,
-    check_replay_on_the_wire,
-)
+from compaction_bench.bench.run.arm import Arm, AttemptContext, WireCheck
 from compaction_bench.bench.run.config import (
     REFERENCE,
     BenchConfig,
     arm_seed,
     cache_salt,
 )
+from compaction_bench.bench.run.source import Attempt, Result, Source, source_of
 from compaction_bench.bench.run.writer import RunWriter
 from compaction_bench.bench.runfolder import ArmRecord
 from compaction_bench.common.timing import Clock, monotonic
 from compaction_bench.histories.agent.chat import ChatModelConfig
-from compaction_bench.histories.agent.continuation import ContinuationResult, continue_history
 from compaction_bench.histories.compaction.ledger import Ledger
 from compaction_bench.histories.policies.base import HistoryPolicy
 from compaction_bench.histories.tasks.task import Task
 from compaction_bench.loadgen.background import ReplayOptions
-from compaction_bench.loadgen.replay import REPLAYED, ReplayResult, ReplaySettings, replay
+from compaction_bench.loadgen.replay import REPLAYED, ReplayResult
 from compaction_bench.transport import dialect
 from compaction_bench.transport.request import PreparedRequest, RequestRecord
 
@@ -88,6 +82,11 @@ class BlockSettings:
     replay_wire: ReplayOptions | None = None
     records: tuple[str, ...] = ()
 
+    @property
+    def source(self) -> Source:
+        """Where the run's continuations come from (bench/run/source.py)."""
+        return source_of(self.config, self.task, self.replay_wire)
+
     def record_for(self, block: int) -> str | None:
         """The replay source block `block` replays (the records in turn, by the block's position
         in its run under REPEAT); None for agents."""
@@ -119,9 +118,6 @@ def cache_state(prompt: int | None, cached: int | None, block_size: int) -> str 
 def _sum(values: list[int | None]) -> int | None:
     known = [v for v in values if v is not None]
     return sum(known) if known else None
-
-
-Result = ContinuationResult | ReplayResult
 
 
 def protocol_error(arm: Arm, result: Result, wire: WireCheck,
@@ -254,14 +250,8 @@ def run_block(arms: list[Arm], *, settings: BlockSettings, regime: str, block: i
         extra = {**settings.model.extra_body, **dialect.cache_salt(salt)}
         return settings.model.model_copy(update={"seed": seed, "extra_body": extra}), salt
 
+    source = settings.source
     record_name = settings.record_for(block) if any(a.replay for a in arms) else None
-
-    def replay_settings(config_: ChatModelConfig) -> ReplaySettings:
-        assert settings.replay_wire is not None
-        return ReplaySettings(api_url=config_.api_url, model_name=config_.model_name,
-                              wire=settings.replay_wire, tool_time=config.tool_time,
-                              extra_body=dict(config_.extra_body), api_key=config_.api_key,
-                              read_timeout_s=config_.request_timeout_s)
 
     def one(arm: Arm) -> None:
         seed = arm_seed(config, config.position(block), arm.name, attempt)
@@ -282,30 +272,13 @@ def run_block(arms: list[Arm], *, settings: BlockSettings, regime: str, block: i
                                attempt=attempt, **({"block_pass": block_pass}
                                                    if block_pass > 1 else {}))
 
-            result: ContinuationResult | ReplayResult
-            if arm.replay is not None:
-                wire = not_checked() if clean is None or clean_config is None else (
-                    check_replay_on_the_wire(arm, replay_settings(arm_config), clean,
-                                             replay_settings(clean_config), context))
-                policy = arm.new_policy(context)
-                assert record_name is not None
-                result = replay(arm.replay[record_name], replay_settings(arm_config),
-                                policy=policy, on_request=record_request, gate=gate,
-                                clock=clock, wall_time_s=config.arm_wall_s,
-                                session_id=arm_session(regime, block, arm.name, attempt))
-            else:
-                assert settings.task is not None
-                wire = not_checked() if clean is None or clean_config is None else (
-                    check_on_the_wire(arm, arm_config, clean, clean_config, settings.task,
-                                      context))
-                policy = arm.new_policy(context)
-                session = arm_session(regime, block, arm.name, attempt)
-                result = continue_history(
-                    arm.history, settings.task,
-                    arm_config.model_copy(update={"session_id": session}),
-                    step_limit=config.step_limit,
-                    clock=clock, policy=policy, on_request=record_request, gate=gate,
-                    wall_time_s=config.arm_wall_s)
+            run = Attempt(arm=arm, config=arm_config, context=context,
+                          session_id=arm_session(regime, block, arm.name, attempt),
+                          on_request=record_request, gate=gate, clock=clock)
+            wire = not_checked() if clean is None or clean_config is None else (
+                source.check(run, clean, clean_config))
+            policy = arm.new_policy(context)
+            result = source.run(run, policy)
             record = arm_record(arm, result, policy=policy, wire=wire, settings=settings,
                                 regime=regime, block=block, attempt=attempt, seed=seed,
                                 salt=salt, origin=writer.origin)
@@ -321,7 +294,7 @@ def run_block(arms: list[Arm], *, settings: BlockSettings, regime: str, block: i
                                    phase="setup", settings=settings)
             record = dataclasses.replace(
                 record, block_pass=block_pass if block_pass > 1 else None,
-                source="replay" if arm.replay else "agent", record=record_name)
+                source=source.name, record=record_name)
         writer.arm(record)
         records[arm.name] = record
 

@@ -60,6 +60,8 @@ class ReplayOptions(BaseModel):
     chars_per_token: float = Field(default=3.5, gt=0)
     prompt_margin_tokens: int = Field(default=256, ge=0)
     default_max_tokens: int = Field(default=256, gt=0)
+    # every turn's output at most this many tokens (None: as recorded); its source reads "cap"
+    max_completion_tokens: int | None = Field(default=None, gt=0)
     default_tool_gap_s: float = Field(default=2.0, ge=0)
     default_request_s: float = Field(default=10.0, ge=0)
     # Planned request duration, in this order: a fixed pace (completion tokens / this rate, for

@@ -41,7 +41,7 @@ class Turn:
     turn: int  # assistant turn number in the recorded run, from 0
     payload: dict[str, Any]  # the chat request body (stream fields are added by the client)
     max_tokens: int
-    max_tokens_source: str  # recorded | estimated | default | capped
+    max_tokens_source: str  # recorded | estimated | default | cap (a setting) | capped (room)
     gap_s: float
     planned_s: float
     planned_source: str  # pace | recorded | measured | default
@@ -72,6 +72,8 @@ def schedule_history(history: History, name: str, options: ReplayOptions, *, mod
             continue
         extra = message.get("extra") or {}
         max_tokens, source = _recorded_tokens(message, extra, options)
+        if options.max_completion_tokens and max_tokens > options.max_completion_tokens:
+            max_tokens, source = options.max_completion_tokens, "cap"
         wire = wire_messages(full[:index], options)
         tools = history.tools if options.send_tools and history.tools else None
         wire, dropped, estimate = _fit(wire, tools, max_tokens, max_model_len, options)

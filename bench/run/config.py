@@ -61,7 +61,7 @@ REPLAY_ONLY_ARMS = ("external-history",)
 RUN_SETTINGS = ("regime", "source", "records", "side_by_side", "tool_time", "task", "arms",
                 "seed", "seeds", "cache", "protocol", "rewrite_cache", "step_limit", "prompt",
                 "blocks", "repeat", "external_url", "locust_workers", "locust_remote_workers",
-                "locust_master", "speculative", "expert_parallel",
+                "locust_master", "background_max_tokens", "speculative", "expert_parallel",
                 "stream_deadline_s", "compressor_deadline_s", "arm_wall_s", "sweep",
                 "fast_start", "token_ids", "router_policy", "slo", "search")
 
@@ -236,6 +236,10 @@ class BenchConfig(BaseModel):
         "two differ")
     locust_workers: int = Field(default=0, ge=0, description="locust worker processes for the "
                                 "background load (0: one local process)")
+    background_max_tokens: int | None = Field(
+        default=None, gt=0, description="cap each background request's output at this many "
+        "tokens (default: each turn's recorded length); on a small CPU server the background "
+        "then queues the arms as before, in shorter turns")
     locust_remote_workers: int = Field(
         default=0, ge=0, description="locust workers on other hosts the background load waits "
         "for (up to 10 minutes), each started by hand with the command the bench prints; their "

@@ -77,6 +77,8 @@ def fingerprint(config: BenchConfig, profile: Profile, paths: dict[str, Path]) -
             "protocol": config.protocol_for(profile), "rewrite_cache": config.rewrite_cache,
             "profile": profile.name, "step_limit": config.step_limit, "prompt": config.prompt,
             "fast_start": config.fast_start,
+            **({"background_max_tokens": config.background_max_tokens}
+               if config.background_max_tokens else {}),
             "histories": {a: hashlib.sha256(p.read_bytes()).hexdigest()
                           for a, p in paths.items()}}
 

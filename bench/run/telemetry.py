@@ -159,7 +159,8 @@ def run_telemetry(config: BenchConfig, url: str, run_dir: Path, origin: float, u
             reasoning="keep" if profile.model.reasoning == "native" else "inline",
             tool_calls="keep" if profile.model.tool_calls else "inline",
             measured_ttft_s=probe.ttft_s if probe else None,
-            measured_tokens_per_s=probe.tokens_per_s if probe else None)
+            measured_tokens_per_s=probe.tokens_per_s if probe else None,
+            max_completion_tokens=config.background_max_tokens)
         remote = remote_workers(config, run_dir)
         if remote is not None:
             # after the load stopped (an ExitStack unwinds last-in first-out)

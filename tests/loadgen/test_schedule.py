@@ -39,6 +39,20 @@ def test_plans_follow_the_recorded_turns() -> None:
         i for i, m in enumerate(full) if m["role"] == "assistant"]
 
 
+def test_a_cap_shortens_the_long_turns_only_and_says_so() -> None:
+    history = load_history(VACCINE)
+    full = schedule_history(history, "vaccine", ReplayOptions(), model="target",
+                            max_model_len=8192)
+    capped = schedule_history(history, "vaccine", ReplayOptions(max_completion_tokens=128),
+                              model="target", max_model_len=8192)
+    assert any(t.max_tokens > 128 for t in full)  # the recorded turns include longer ones
+    for was, now in zip(full, capped, strict=True):
+        assert now.max_tokens == min(was.max_tokens, 128)
+        assert now.payload["max_tokens"] == now.max_tokens
+        assert now.max_tokens_source == ("cap" if was.max_tokens > 128
+                                         else was.max_tokens_source)
+
+
 def test_inline_mode_puts_reasoning_and_tools_in_text() -> None:
     options = ReplayOptions(reasoning="inline", tool_calls="inline")
     plan = schedule_history(load_history(VACCINE), "v", options, model="target", max_model_len=8192)

@@ -90,9 +90,11 @@ def test_dedicated_blocks_complete_as_independent_repeats(cpu_server: Server,
 
 def test_overloaded_block_queues_requests(cpu_server: Server, tmp_path: Path) -> None:
     # two arms: what is tested is the overload around them (the external arm, a third of the
-    # test's two minutes, runs in the dedicated test above)
+    # test's two minutes, runs in the dedicated test above). The background's turns are capped
+    # at 128 tokens: 8 users on max_num_seqs 4 queue the arms all the same, and the recorded
+    # turns of up to ~1,100 tokens made the arms' two steps wait 145 s (2026-12-07)
     done = run_bench(cpu_server, tmp_path, "regime=overloaded", "blocks=1", "arms=clean,self",
-                     "run_id=ovl")
+                     "run_id=ovl", "background_max_tokens=128")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "[bench] run ovl: overloaded, 8 background users" in done.stderr
     run = tmp_path / "ovl"
@@ -101,6 +103,8 @@ def test_overloaded_block_queues_requests(cpu_server: Server, tmp_path: Path) ->
     background = [r for r in lines(run / "requests.jsonl") if r["source"] == "background"]
     assert any(r["status"] == "ok" and r["block"] == 1 for r in background)
     assert all(r["intended_send_s"] is not None for r in background)
+    assert all(r["labels"]["max_tokens"] <= 128 for r in background)
+    assert any(r["labels"]["max_tokens_source"] == "cap" for r in background)
     # each background user has its own cache salt, this run's: N users cost what N agents do
     salts = {(r["labels"]["user"], r["labels"]["cache_salt"]) for r in background}
     assert all(salt.startswith("ovl-") for _, salt in salts), salts

@@ -287,7 +287,7 @@ def contended_note(obs: Observations) -> str | None:
     return (f"{HOST_NOTE} in {obs.run_id} while {len(obs.contended)} cell(s) ran: "
             f"{'; '.join(obs.contended)}. Other processes on this machine took CPU, so these "
             "cells' times are longer than the server alone gives: measure them again on a "
-            "quiet machine")
+            f"quiet machine (make bench RESUME={obs.run_id} QUIET_ONLY=1)")
 
 
 def _power(path: Path) -> tuple[tuple[tuple[float, float], ...] | None, tuple[str, ...]]:

@@ -233,7 +233,7 @@ class BenchConfig(BaseModel):
         default=False, description="restrict the paired analysis to blocks whose host was "
         "quiet (bench/analysis/host.py: other processes used under a quarter of a core while "
         "the arms ran); the report shows the analysis over every block beside it where the "
-        "two differ")
+        "two differ. A sweep's RESUME with it measures its contended cells again")
     locust_workers: int = Field(default=0, ge=0, description="locust worker processes for the "
                                 "background load (0: one local process)")
     background_max_tokens: int | None = Field(

@@ -69,15 +69,26 @@ CPU_ARMS = ("clean", "self")
 CPU_REPLAY_ARMS = ("clean", "external")
 
 
-def finished_cells(run_dir: Path) -> tuple[set[tuple[str, int]], dict[tuple[str, int], int]]:
-    """(cells done, the pass each started-but-unfinished cell runs as next)."""
+def finished_cells(run_dir: Path, *, remeasure_contended: bool = False
+                   ) -> tuple[set[tuple[str, int]], dict[tuple[str, int], int]]:
+    """(cells done, the pass each started-but-unfinished cell runs as next). With
+    `remeasure_contended` (QUIET_ONLY=1 on a RESUME), a cell whose last pass ran on a contended
+    host is not done: it runs again as its next pass, which the plan then reads (its last)."""
     done: set[tuple[str, int]] = set()
     passes: dict[tuple[str, int], int] = {}
     path = run_dir / SWEEP_FILE
     if path.is_file():
         for obj in read_jsonl(path).objects:
             if obj.get("status") == "done":
-                done.add((str(obj.get("arm")), int(obj.get("level") or 0)))
+                key = (str(obj.get("arm")), int(obj.get("level") or 0))
+                host = obj.get("host")
+                if remeasure_contended and isinstance(host, dict) and host.get(
+                        "verdict") == CONTENDED:
+                    done.discard(key)
+                    passes[key] = int(obj.get("cell_pass") or 1) + 1
+                else:
+                    done.add(key)
+                    passes.pop(key, None)
     arms_path = run_dir / "arms.jsonl"
     if arms_path.is_file():
         for obj in read_jsonl(arms_path).objects:
@@ -131,7 +142,8 @@ class Sweep:
 
     def prepare(self, session: Session) -> dict[str, Any]:
         config = session.config
-        self.done, self.passes = finished_cells(session.run_dir)
+        self.done, self.passes = finished_cells(session.run_dir,
+                                                remeasure_contended=session.config.quiet_only)
         return {"users": 0, "blocks": len(self.levels) * len(config.arms),
                 "sweep": {"levels": list(self.levels), "arms": list(config.arms),
                           "step_limit": config.step_limit,

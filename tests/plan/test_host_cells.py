@@ -38,7 +38,8 @@ def test_the_plan_names_its_contended_cells(truth: Any,
     notes = [n for n in build_plan(config).notes if n.startswith(HOST_NOTE)]
     assert notes == [f"{HOST_NOTE} in busy while 1 cell(s) ran: clean N=2: {FIGURE}. Other "
                      "processes on this machine took CPU, so these cells' times are longer "
-                     "than the server alone gives: measure them again on a quiet machine"]
+                     "than the server alone gives: measure them again on a quiet machine "
+                     "(make bench RESUME=busy QUIET_ONLY=1)"]
     quiet = contend(make_sweep("calm", seed=1), "nobody", 1)
     assert observe(quiet).contended == ()
     assert not [n for n in build_plan(PlanConfig(

@@ -49,3 +49,24 @@ def test_resume_skips_finished_cells_and_reruns_a_cut_one_as_its_next_pass(tmp_p
                   level=2, sweep_agent=1, sweep_index=0, sweep_phase="warmup")])
     done, passes = finished_cells(tmp_path)
     assert done == {("clean", 1)} and passes == {("self", 2): 2}
+
+
+def test_a_quiet_only_resume_measures_contended_cells_again_and_the_plan_reads_the_new_pass(
+        tmp_path: Path) -> None:
+    contended = {"verdict": "contended", "figure": "other processes used 0.43 of 2 cores"}
+    with JsonlWriter(tmp_path / SWEEP_FILE) as cells:
+        cells.write({"arm": "clean", "level": 1, "status": "done", "cell_pass": 1,
+                     "host": {"verdict": "quiet"}})
+        cells.write({"arm": "clean", "level": 2, "status": "done", "cell_pass": 1,
+                     "host": contended})
+        cells.write({"arm": "self", "level": 2, "status": "done", "cell_pass": 1,
+                     "host": contended})
+        cells.write({"arm": "self", "level": 2, "status": "done", "cell_pass": 2,
+                     "host": {"verdict": "quiet"}})  # measured again already: done
+    write_records(tmp_path / "arms.jsonl", [
+        ArmRecord("sweep", continuation_block(2, 0, 0), "clean", "original", "complete", 3.0,
+                  level=2, sweep_agent=0, sweep_index=0, sweep_phase="measured")])
+    done, passes = finished_cells(tmp_path)  # a plain RESUME keeps every finished cell
+    assert done == {("clean", 1), ("clean", 2), ("self", 2)} and passes == {}
+    done, passes = finished_cells(tmp_path, remeasure_contended=True)
+    assert done == {("clean", 1), ("self", 2)} and passes == {("clean", 2): 2}

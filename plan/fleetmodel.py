@@ -8,11 +8,13 @@ turns find their prefix cached on the replica they land on. This model simulates
 - **the engine**, fitted on the one-replica sweep's own request records (`fit_engine`): sequence
   slots (max_num_seqs); a prefill that costs a + b x uncached + c x cached prompt tokens, the
   engine doing nothing else meanwhile (least squares on the lowest level's time to first token,
-  where nothing queues); decode steps of s0 + s1 x B for B running sequences (least squares, over
-  every request of every level, of its inter-token time, less the others' prefills that fell
-  inside its decode, against the mean number of sequences decoding beside it). It is vLLM's
-  continuous batching in its plainest form, as in plan.fleetsim, and exactly the fake engine's
-  capacity model (loadgen/fakeengine.py), which is how `make fleet-truth` checks it;
+  where nothing queues); decode steps of s0 + s1 x B + s2 x C for B running sequences whose
+  contexts sum to C tokens (least squares, over every request of every level, of its inter-token
+  time, less the others' prefills that fell inside its decode, against the mean number of
+  sequences decoding beside it and their summed context; s2 is 0 where the contexts do not
+  vary). It is vLLM's continuous batching in its plainest form, as in plan.fleetsim, and with
+  s2 = 0 exactly the fake engine's capacity model (loadgen/fakeengine.py), which is how
+  `make fleet-truth` checks it;
 - **the agents**: N closed-loop agents replaying the sweep's measured continuations (requests,
   token counts, the gaps between them), warm-up, measured share and drain as in the sweep
   (bench.run.fleet), each continuation one session with the sweep's own session id;
@@ -70,17 +72,25 @@ class EngineFit:
     block_tokens: int
     n_prefill: int  # requests the prefill fit used
     n_levels: int  # levels the step fit used
+    # a step also reads every running sequence's context (its KV cache): per token of context
+    # summed over the batch. On the 2-core CPU a 3,000-token clean context stepped at 84 ms and
+    # an 1,800-token external one at 48 ms alone (2026-12-07): a step of the batch alone
+    # (s0 + s1 B) simulated external 25-129% slow.
+    step_s_per_context_token: float = 0.0
 
     def prefill_s(self, uncached: float, cached: float) -> float:
         return (self.prefill_base_s + self.prefill_s_per_token * uncached
                 + self.cached_s_per_token * cached)
 
     def step_s(self, batch: int, mean_context: float = 0.0) -> float:
-        return max(1e-6, self.step_base_s + self.step_s_per_seq * batch)
+        return max(1e-6, self.step_base_s + self.step_s_per_seq * batch
+                   + self.step_s_per_context_token * batch * mean_context)
 
     @property
     def context_free(self) -> bool:
-        """A step's cost depends on the batch only (plan.fleetsim.EngineCosts)."""
+        """Steps between two events cost the same (plan.fleetsim.EngineCosts): the batch's
+        context, which grows by one token per sequence and step, is taken as it stood when the
+        run of steps began (a request's output is a few percent of its context)."""
         return True
 
 
@@ -115,7 +125,10 @@ def fit_engine(requests: Sequence[Any], slots: int, block_tokens: int) -> Engine
     a, b, c = _nonneg_lstsq(x, y)
     prefill = {id(r): a + b * (r.prompt_tokens - (r.cached_tokens or 0)) + c * (
         r.cached_tokens or 0) for r in usable}
-    rows: list[tuple[float, float]] = []
+    def context(r: Any) -> float:  # a request's context while it decodes, on average
+        return float(r.prompt_tokens or 0) + (r.completion_tokens or 0) / 2
+
+    rows: list[tuple[float, float, float]] = []  # (batch, its summed context, inter-token s)
     for level in sorted({r.labels["level"] for r in usable}):
         cell = [r for r in usable if r.labels["level"] == level]
         for r in cell:
@@ -124,22 +137,33 @@ def fit_engine(requests: Sequence[Any], slots: int, block_tokens: int) -> Engine
             if k < 2 or span <= 0:
                 continue
             # the others' prefills inside its decode stopped it (the engine does one thing at a
-            # time), and the others decoding beside it made its batch
+            # time), and the others decoding beside it made its batch and its context
             stalled = sum(prefill[id(o)] for o in cell
                           if o is not r and r.first_token_s < o.first_token_s < r.end_s)
-            beside = sum(max(0.0, min(o.end_s, r.end_s) - max(o.first_token_s, r.first_token_s))
-                         for o in cell if o is not r) / span
-            rows.append((min(float(slots), 1.0 + beside), max(0.0, span - stalled) / (k - 1)))
-    batches = {round(bt, 2) for bt, _ in rows}
-    if len(batches) >= 2:
-        s0, s1 = _nonneg_lstsq(np.array([[1.0, bt] for bt, _ in rows]),
-                               np.array([itl for _, itl in rows]))
+            share = {id(o): max(0.0, min(o.end_s, r.end_s) - max(o.first_token_s,
+                                                                   r.first_token_s)) / span
+                     for o in cell if o is not r}
+            beside = sum(share.values())
+            batch = min(float(slots), 1.0 + beside)
+            summed = context(r) + sum(share[id(o)] * context(o) for o in cell if o is not r)
+            if beside > batch - 1.0:  # more beside than slots: scale to the slots' share
+                summed = context(r) + (summed - context(r)) * (batch - 1.0) / beside
+            rows.append((batch, summed, max(0.0, span - stalled) / (k - 1)))
+    s2 = 0.0
+    batches = {round(bt, 2) for bt, _, _ in rows}
+    contexts = {round(ct, -1) for _, ct, _ in rows}
+    itls = np.array([itl for *_, itl in rows])
+    if len(batches) >= 2 and len(contexts) >= 2:
+        s0, s1, s2 = _nonneg_lstsq(np.array([[1.0, bt, ct] for bt, ct, _ in rows]), itls)
+    elif len(batches) >= 2:
+        s0, s1 = _nonneg_lstsq(np.array([[1.0, bt] for bt, _, _ in rows]), itls)
     else:
-        s0, s1 = (float(np.median([itl for _, itl in rows])), 0.0) if rows else (1e-3, 0.0)
+        s0, s1 = (float(np.median(itls)), 0.0) if rows else (1e-3, 0.0)
     return EngineFit(slots=max(1, slots), prefill_base_s=float(a), prefill_s_per_token=float(b),
                      cached_s_per_token=float(c), step_base_s=float(s0), step_s_per_seq=float(s1),
                      block_tokens=max(1, block_tokens), n_prefill=len(first),
-                     n_levels=len({r.labels["level"] for r in usable}))
+                     n_levels=len({r.labels["level"] for r in usable}),
+                     step_s_per_context_token=float(s2))
 
 
 class SimRouter:

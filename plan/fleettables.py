@@ -61,7 +61,9 @@ def fleet_markdown(fleet: FleetPlan | None, agents: int, quantile: float) -> lis
               f"+ {1e6 * fit.prefill_s_per_token:.1f} us per uncached token + "
               f"{1e6 * fit.cached_s_per_token:.1f} us per cached token ({fit.n_prefill} "
               f"requests at the lowest level); decode step {1000 * fit.step_base_s:.2f} ms + "
-              f"{1000 * fit.step_s_per_seq:.2f} ms per running sequence ({fit.n_levels} levels); "
+              f"{1000 * fit.step_s_per_seq:.2f} ms per running sequence + "
+              f"{1e6 * fit.step_s_per_context_token:.3f} us per token of the batch's context "
+              f"({fit.n_levels} levels); "
               f"cache blocks of {fit.block_tokens} tokens.", ""]
     lines += ["The model's own error at one replica (simulated against measured p"
               f"{100 * quantile:g}):", ""]

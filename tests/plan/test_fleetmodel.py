@@ -102,6 +102,32 @@ def test_the_engine_fit_recovers_known_costs() -> None:
     assert fit.cached_s_per_token == pytest.approx(0.0005, rel=1e-5)
     assert fit.step_base_s == pytest.approx(0.01, rel=1e-6)
     assert fit.step_s_per_seq == pytest.approx(0.004, rel=1e-6)
+    assert fit.step_s_per_context_token == pytest.approx(0.0, abs=1e-9)  # none in these costs
+
+
+def test_the_engine_fit_finds_a_step_that_reads_the_batchs_context() -> None:
+    """Steps that cost 5 ms + 20 us per token of every running sequence's context (a CPU's
+    attention): long and short prompts alone and side by side give the known costs back, and
+    a step of two long contexts costs what the fit says."""
+    records = []
+    t = 0.0
+    for level in (1, 2):
+        for g in range(10):
+            prompt, k = 600 + 500 * g, 21
+            context = level * (prompt + k / 2)  # the others decode beside it the whole time
+            itl = 0.005 + 0.00002 * context
+            for i in range(level):
+                records.append(RequestRecord(
+                    request_id=f"r{level}-{g}-{i}", sent_s=t, status="ok", regime="sweep",
+                    first_token_s=t + 0.1, end_s=t + 0.1 + (k - 1) * itl,
+                    prompt_tokens=prompt, cached_tokens=0, completion_tokens=k,
+                    labels={"level": level}))
+            t += 0.1 + (k - 1) * itl + 1.0
+    fit = fit_engine(records, slots=4, block_tokens=16)
+    assert fit.step_base_s == pytest.approx(0.005, rel=1e-4)
+    assert fit.step_s_per_context_token == pytest.approx(0.00002, rel=1e-4)
+    assert fit.step_s_per_seq == pytest.approx(0.0, abs=1e-6)
+    assert fit.step_s(2, 3000.0) == pytest.approx(0.005 + 0.00002 * 6000, rel=1e-4)
 
 
 def test_fleet_settings_are_refused_in_one_line() -> None:

@@ -56,7 +56,10 @@ class Attempt:
 class Source(Protocol):
     """What a block asks of the run's source (module docstring)."""
 
-    name: str  # recorded in every arm record: "agent" or "replay"
+    @property
+    def name(self) -> str:
+        """Recorded in every arm record: "agent" or "replay"."""
+        ...
 
     def check(self, attempt: Attempt, clean: Arm, clean_config: ChatModelConfig) -> WireCheck:
         ...

@@ -62,7 +62,7 @@ from compaction_bench.plan.settings import PlanConfig, PlanError
 CHECK_JSON = "plan_check.json"
 CHECK_MD = "plan_check.md"
 CHECK_SCHEMA = "compbench.plan_check"
-CHECK_SCHEMA_VERSION = 3  # 3: the routing columns (hit rate, busiest replica share)
+CHECK_SCHEMA_VERSION = 3  # 3: the routing columns and the replicas' inter-token times
 
 
 @dataclass(frozen=True)
@@ -102,6 +102,12 @@ class CheckRow:
     measured_hit_rate: float | None = None
     predicted_hottest_share: float | None = None
     measured_hottest_share: float | None = None
+    # the median inter-token time of the arm's requests in the check level, and in the plan's
+    # sweep at the same agents per replica (None where that level was not measured): a fleet
+    # whose replicas decode slower than the one measured replica, at the same load each, shares
+    # something the plan's replica had alone (the host's memory bandwidth, the client's CPU)
+    fleet_itl_s: float | None = None
+    replica_itl_s: float | None = None
 
 
 def fleet_of(obs: Observations, replicas: int | None = None) -> Fleet:
@@ -128,6 +134,7 @@ def _rows(plan: Plan, check: Observations, fleet: Fleet, rng: np.random.Generato
     rows = []
     model = _fleet_model(plan, check, fleet)
     served_by = request_replicas(check.records) or {}
+    plan_requests = plan.observations.records.requests
     for arm, cap in plan.capacity.items():
         curve = MonotoneCurve([lv.level for lv in cap.levels], cap.quantiles,
                               [lv.n for lv in cap.levels])
@@ -150,6 +157,7 @@ def _rows(plan: Plan, check: Observations, fleet: Fleet, rng: np.random.Generato
             simulated = None if predictor is None or even is None else predictor.run(
                 fleet.policy, fleet.replicas, lv.level)
             hit, hottest = _routing_measured(check, arm, lv.level, served_by)
+            alone = int(per) if per == int(per) else None
             rows.append(CheckRow(
                 run_id=check.run_id, policy=fleet.policy, replicas=fleet.replicas, arm=arm,
                 level=lv.level, per_replica=per,
@@ -162,8 +170,42 @@ def _rows(plan: Plan, check: Observations, fleet: Fleet, rng: np.random.Generato
                 predicted_hit_rate=None if simulated is None else simulated.hit_rate,
                 measured_hit_rate=hit,
                 predicted_hottest_share=None if simulated is None else simulated.hottest_share,
-                measured_hottest_share=hottest))
+                measured_hottest_share=hottest,
+                fleet_itl_s=median_itl(check.records.requests, arm, lv.level),
+                replica_itl_s=None if alone is None else median_itl(plan_requests, arm, alone)))
     return rows
+
+
+def median_itl(requests: Any, arm: str, level: int) -> float | None:
+    """The median inter-token time of `arm`'s ok requests at sweep level `level` (those with
+    two tokens or more), seconds; None where there are none."""
+    gaps = [(r.end_s - r.first_token_s) / (r.completion_tokens - 1) for r in requests
+            if r.source == arm and r.ok and r.labels.get("level") == level
+            and r.first_token_s is not None and r.end_s is not None
+            and (r.completion_tokens or 0) >= 2]
+    return float(np.median(gaps)) if gaps else None
+
+
+SLOWER_STEPS = 1.2  # fleet / one-replica inter-token time above which check_markdown says so
+SLOWER_NOTE = "Slower replicas"
+
+
+def slower_steps_note(rows: list[CheckRow]) -> str | None:
+    """One line where the fleet's replicas decoded slower per token than the plan's replica at
+    the same agents per replica: a cause of error that neither prediction contains."""
+    ratios = [(r, r.fleet_itl_s / r.replica_itl_s) for r in rows
+              if r.fleet_itl_s and r.replica_itl_s]
+    slow = [(r, x) for r, x in ratios if x > SLOWER_STEPS]
+    if not slow:
+        return None
+    low, high = min(x for _, x in slow), max(x for _, x in slow)
+    return (f"{SLOWER_NOTE}: in {len(slow)} of {len(ratios)} rows the fleet's replicas took "
+            f"{100 * (low - 1):.0f}-{100 * (high - 1):.0f}% longer per generated token than the "
+            "plan's one replica at the same agents per replica (median inter-token time). They "
+            "shared something the measured replica had alone (on one host: memory bandwidth, "
+            "the client's and the router's CPU; a CPU set and a quota cap a replica, they "
+            "reserve nothing), and neither the fleet model nor the even split contains it: "
+            "expect the measured quantile above the prediction by about as much.")
 
 
 def _routing_measured(check: Observations, arm: str, level: int,
@@ -287,7 +329,9 @@ def check_markdown(plan: Plan, rows: list[CheckRow]) -> str:
              f"{100 * plan.config.confidence:g}% bootstrap interval; SLO "
              f"{plan.config.target.label}; error = (predicted - measured) / measured "
              "(plan/check.py). The routing columns say what the split and the cache did, "
-             "predicted against measured, where the error comes from them.", ""]
+             "predicted against measured; ms per token compares the fleet's replicas with the "
+             "plan's one at the same agents per replica (median inter-token time): where the "
+             "error comes from.", ""]
     lines += [f"{note}\n" for note in plan.notes if note.startswith((SHARE_NOTE, HOST_NOTE))]
     cells = [[r.policy, str(r.replicas), r.arm, f"{r.level}{' (planned)' if r.planned else ''}",
               f"{number(r.predicted_s, 1)}{' (extrapolated)' if r.extrapolated else ''}"
@@ -304,20 +348,25 @@ def check_markdown(plan: Plan, rows: list[CheckRow]) -> str:
               f"{percent(r.measured_hit_rate, 0, fraction=True)}",
               f"{percent(r.predicted_hottest_share, 0, fraction=True)} / "
               f"{percent(r.measured_hottest_share, 0, fraction=True)}",
+              f"{number(None if r.fleet_itl_s is None else 1000 * r.fleet_itl_s, 0)} / "
+              f"{number(None if r.replica_itl_s is None else 1000 * r.replica_itl_s, 0)}",
               f"{r.n} ({r.failed} failed)", r.run_id]
              for r in rows for low, high in [r.measured_ci or (None, None)]]
     lines += table(["policy", "replicas", "arm", "N", f"predicted {q} s", f"measured {q} s",
                     "SLO s", "held", "error", f"even split {q} s (error)",
                     "later-turn hit rate, predicted / measured",
-                    "busiest replica's share, predicted / measured", "n", "run"], cells)
+                    "busiest replica's share, predicted / measured",
+                    "ms per token, fleet / one replica", "n", "run"], cells)
+    if (note := slower_steps_note(rows)) is not None:
+        lines += ["", note]
     return "\n".join(lines) + "\n"
 
 
 def check_notes(markdown: Path) -> list[str]:
-    """The check's host notes (contended cells of the plan's run or a check run), for the
-    command line to print beside its rows."""
+    """The check's host notes (contended cells of the plan's run or a check run; replicas
+    that decoded slower than the plan's), for the command line to print beside its rows."""
     return [line for line in markdown.read_text(encoding="utf-8").splitlines()
-            if line.startswith(HOST_NOTE)]
+            if line.startswith((HOST_NOTE, SLOWER_NOTE))]
 
 
 def plan_settings(run_dir: Path) -> PlanConfig:

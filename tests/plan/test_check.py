@@ -92,6 +92,16 @@ def test_each_row_says_what_the_routing_did_predicted_against_measured(
     markdown = check_markdown(build_plan(config), rows)
     assert "later-turn hit rate, predicted / measured" in markdown
     assert f"/ {round(100 * 1800 / 3500)}%" in markdown
+    # the check's N = 8 on 2 replicas (4 each) decodes as the truth's N = 8, slower than the
+    # plan's one replica at N = 4 by (20 + 5 x 8) / (20 + 5 x 4) = 1.5: said, with the cause
+    assert row.fleet_itl_s is not None and row.replica_itl_s is not None
+    assert row.fleet_itl_s / row.replica_itl_s == pytest.approx(1.5, rel=0.15)
+    assert "Slower replicas: in 2 of 2 rows" in markdown and "reserve nothing" in markdown
+    calm = make_sweep("check-calm", seed=3, levels=(8,), per_level=40, requests=True,
+                      truth=type(truth)(b=truth.b / 2),
+                      config={"replica_urls": URLS, "router_policy": ["round_robin"]})
+    _, same = check_plan(config, [calm])  # decodes as the plan's replica: nothing said
+    assert "Slower replicas" not in check_markdown(build_plan(config), same)
 
 
 def test_the_files_and_the_policy_line_in_plan_md(truth: Any,

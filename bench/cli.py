@@ -13,7 +13,7 @@ import typer
 
 from compaction_bench.bench.run.config import BenchConfig
 from compaction_bench.common.errors import ExitCode
-from compaction_bench.common.settings import build, layered, settings_table
+from compaction_bench.common.settings import configure, settings_lines
 
 app = typer.Typer(
     add_completion=False,
@@ -61,11 +61,10 @@ def _print_outcome(found: object) -> None:
 def bench_config(words: list[str], config_file: Path | None, from_env: bool) -> BenchConfig:
     """The run's settings: defaults, then the file, then (for `make bench`) the environment's
     make-style variables, then the `name=value` words (common/settings.py)."""
-    layers = layered(BenchConfig, file=config_file, env=os.environ if from_env else None,
-                     words=words)
-    for line in layers.ignored:  # a platform's PORT or SEED: said, never taken
-        typer.echo(f"[bench] {line}", err=True)
-    return build(BenchConfig, layers, "bench settings")
+    # a platform's PORT or SEED in the environment: said, never taken
+    return configure(BenchConfig, "bench", file=config_file,
+                     env=os.environ if from_env else None, words=words,
+                     say=lambda line: typer.echo(line, err=True))
 
 
 @app.command("bench")
@@ -87,10 +86,7 @@ def run(
     """Run blocks of arms under a regime (or the load-response sweep); write
     results/<run-id>/ and its report."""
     if show:
-        rows = settings_table(BenchConfig)
-        width = max(len(name) for name, *_ in rows)
-        for name, variable, default, description in rows:
-            typer.echo(f"{name:<{width}}  {variable:<24} {default or '-':<18} {description}")
+        typer.echo("\n".join(settings_lines(BenchConfig)))
         return
     chosen = bench_config(settings or [], config, from_env)  # bad settings fail before
     from compaction_bench.bench.report.routing import compare_policies  # the heavy imports

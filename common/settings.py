@@ -23,7 +23,7 @@ import re
 import tomllib
 import types
 import typing
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -196,3 +196,24 @@ def settings_table(model: type[BaseModel]) -> list[tuple[str, str, str, str]]:
             "" if default is None else str(default))
         rows.append((setting.key, setting.variable, shown, " ".join(setting.description.split())))
     return rows
+
+
+def settings_lines(model: type[BaseModel]) -> list[str]:
+    """`--settings` of a command: one aligned line per setting (`settings_table`)."""
+    rows = settings_table(model)
+    width = max(len(name) for name, *_ in rows)
+    return [f"{name:<{width}}  {variable:<24} {default or '-':<18} {description}"
+            for name, variable, default, description in rows]
+
+
+def configure(model: type[M], what: str, *, file: Path | None = None,
+              env: Mapping[str, str] | None = None, words: Sequence[str] = (),
+              given: Mapping[str, Any] | None = None,
+              say: Callable[[str], None] = lambda line: None) -> M:
+    """A command's settings: `layered`, then `given` (values the command's own arguments fix),
+    then `build`; `say` gets each environment variable that was present and not taken."""
+    layers = layered(model, file=file, env=env, words=words)
+    for line in layers.ignored:
+        say(f"[{what}] {line}")
+    layers.values.update(given or {})
+    return build(model, layers, f"{what} settings")

@@ -10,16 +10,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import Annotated
 
 import typer
-from pydantic import BaseModel
 
-from compaction_bench.common.settings import build, layered, settings_table
+from compaction_bench.common.settings import configure, settings_lines
 from compaction_bench.plan.settings import PlanConfig
 from compaction_bench.plan.truth import TruthConfig
-
-M = TypeVar("M", bound=BaseModel)
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False,
                   help="Capacity plan of a run folder: agents per GPU, GPUs needed, per-task "
@@ -30,22 +27,8 @@ SETTINGS_HELP = ("settings as name=value (e.g. {example}); the names are listed 
                  "each also a make variable in upper case")
 
 
-def _show_settings(model: type[BaseModel]) -> None:
-    rows = settings_table(model)
-    width = max(len(name) for name, *_ in rows)
-    for name, variable, default, description in rows:
-        typer.echo(f"{name:<{width}}  {variable:<24} {default or '-':<18} {description}")
-
-
-def _config(model: type[M], words: list[str], from_env: bool, what: str,
-            **given: object) -> M:
-    """`model` from its defaults, the environment (`--from-env`: what make passes) and the
-    words (common/settings.py), the one grammar of bench, plan and fleet-truth settings."""
-    layers = layered(model, env=os.environ if from_env else None, words=words)
-    for line in layers.ignored:
-        typer.echo(f"[{what}] {line}", err=True)
-    layers.values.update(given)
-    return build(model, layers, f"{what} settings")
+def _say(line: str) -> None:
+    typer.echo(line, err=True)
 
 
 FromEnv = Annotated[bool, typer.Option(
@@ -66,7 +49,7 @@ def plan(
 ) -> None:
     """Write plan.md, plan.json and plots/plan_*.png into RUN_DIR."""
     if show:
-        _show_settings(PlanConfig)
+        typer.echo("\n".join(settings_lines(PlanConfig)))
         return
     if run_dir is None:
         raise typer.BadParameter("give the run folder: compaction-bench plan results/<run-id>",
@@ -74,7 +57,8 @@ def plan(
     from compaction_bench.plan.observations import HOST_NOTE
     from compaction_bench.plan.write import write_plan
 
-    config = _config(PlanConfig, settings or [], from_env, "plan", run_dir=run_dir)
+    config = configure(PlanConfig, "plan", env=os.environ if from_env else None,
+                       words=settings or [], given={"run_dir": run_dir}, say=_say)
     files = write_plan(config)
     for line in files.markdown.read_text(encoding="utf-8").splitlines():
         if line.startswith(f"> {HOST_NOTE}"):  # contended cells: said where the user looks
@@ -134,13 +118,14 @@ def fleet_truth(
     The table (fleet-truth.md): policy | replicas | arm | true agents | planned agents | error |
     SLO held at planned N."""
     if show:
-        _show_settings(TruthConfig)
+        typer.echo("\n".join(settings_lines(TruthConfig)))
         return
     import sys
 
     from compaction_bench.plan.truth import TRUTH_MD, run_truth, truth_markdown
 
-    config = _config(TruthConfig, settings or [], from_env, "fleet-truth")
+    config = configure(TruthConfig, "fleet-truth", env=os.environ if from_env else None,
+                       words=settings or [], say=_say)
     rows = run_truth(config, sys.stderr)
     typer.echo(truth_markdown(config, rows))
     typer.echo(f"truth: {config.out / TRUTH_MD}")

@@ -128,8 +128,9 @@ def arms_cmd(
     prompt: Annotated[str, typer.Option(help=f"one of {', '.join(REWRITE_PROMPTS)}")] = (
         "telegraphic"),
     cap_per_word: Annotated[float | None, typer.Option(
-        help="first draft cap = this x raw words + 32 tokens (default: 2.0 for the embedded "
-        "external compressor, the study's fixed cap otherwise)")] = None,
+        help="first draft cap = this x raw words + 32 tokens (default: the compressor "
+        "profile's compressor_tokens_per_raw_word, 2.0 on the embedded CPU models; for an "
+        "--external-url, the study's fixed cap)")] = None,
     judge_url: Annotated[str | None, typer.Option(help="fidelity judge URL")] = None,
     judge_model: str = "judge",
     gate: Annotated[str, typer.Option(help=f"one of {', '.join(GATES)}")] = "off",
@@ -169,7 +170,8 @@ def arms_cmd(
             _compressor_url("external" in used, needed, external, external_url) as ext_url:
         configs: dict[str, CompressorConfig] = {}
         if ext_url is not None:
-            per_word = cap_per_word if cap_per_word or external_url else 2.0
+            per_word = cap_per_word if cap_per_word or external_url else (
+                external.profile.model.compressor_tokens_per_raw_word)
             # the rewrite cache's identity names the model that answers where it is known
             # (the embedded compressor); an --external-url's URL stands for its model
             configs["external"] = external_compressor(
@@ -178,7 +180,9 @@ def arms_cmd(
         if target_url is not None:
             configs["self"] = self_compressor(
                 target_url, model=target.profile.model.compressor_name, prompt=prompt,
-                max_tokens_per_raw_word=cap_per_word, cache_tag=target.profile.model.source)
+                max_tokens_per_raw_word=(
+                    cap_per_word or target.profile.model.compressor_tokens_per_raw_word),
+                cache_tag=target.profile.model.source)
         for path in paths:
             for r in write_arm_files(path, [*compacting, *stepwise], compressors=configs,
                                      scorer=proxy, judge=judge, gate=chosen_gate, seed=seed):

@@ -68,6 +68,11 @@ class ModelSpec(_Strict):
         default=None, description="the proxy model of the entropy-pruning arms, run in-process "
         "with transformers: 'embedded:<name>', a local folder or a cached Hugging Face id (None: "
         "the served model itself on a CPU profile; on a GPU profile give one here or SCORER=)")
+    compressor_tokens_per_raw_word: float | None = Field(
+        default=None, gt=0, description="when this model rewrites a reasoning block (the self "
+        "compressor, or the embedded external one): its first draft's cap = this x the block's "
+        "words + 32 tokens. For a small model that rambles: a draft longer than the raw block "
+        "reverts anyway, so it stops early with the same outcome (None: the study's fixed cap)")
 
     @field_validator("served_names")
     @classmethod

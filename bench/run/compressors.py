@@ -64,6 +64,7 @@ def open_compressors(config: BenchConfig, profile: Profile, target_url: str, run
     # (EXTERNAL_URL names no model: its URL stands for it)
     found = Compressors({"self": deadline(self_compressor(
         target_url, model=profile.model.compressor_name, prompt=config.prompt,
+        max_tokens_per_raw_word=profile.model.compressor_tokens_per_raw_word,
         cache_tag=profile.model.source), config)}, {})
     from compaction_bench.histories.policies.registry import compressors_needed
 
@@ -87,9 +88,9 @@ def open_compressors(config: BenchConfig, profile: Profile, target_url: str, run
                       name="external-compressor",
                       events=run_dir / "helpers.jsonl", origin=origin)
     try:
-        # the embedded Gemma is a base model that rambles: its first draft is capped per word
         found.configs["external"] = deadline(external_compressor(
-            lazy.config.api_url, prompt=config.prompt, max_tokens_per_raw_word=2.0,
+            lazy.config.api_url, prompt=config.prompt,
+            max_tokens_per_raw_word=embedded.model.compressor_tokens_per_raw_word,
             cache_tag=embedded.model.source), config)
 
         def ensure() -> None:

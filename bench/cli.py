@@ -5,7 +5,6 @@ failures end with one line naming the cause (`common.errors.run_cli`)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated
 
@@ -13,7 +12,14 @@ import typer
 
 from compaction_bench.bench.run.config import BenchConfig
 from compaction_bench.common.errors import ExitCode
-from compaction_bench.common.settings import configure, settings_lines
+from compaction_bench.common.options import (
+    ConfigFile,
+    FromEnv,
+    ShowSettings,
+    settings_from,
+    show_settings,
+    words_help,
+)
 
 app = typer.Typer(
     add_completion=False,
@@ -58,37 +64,22 @@ def _print_outcome(found: object) -> None:
         typer.echo(f"routing comparison: {found.comparison}")
 
 
-def bench_config(words: list[str], config_file: Path | None, from_env: bool) -> BenchConfig:
-    """The run's settings: defaults, then the file, then (for `make bench`) the environment's
-    make-style variables, then the `name=value` words (common/settings.py)."""
-    # a platform's PORT or SEED in the environment: said, never taken
-    return configure(BenchConfig, "bench", file=config_file,
-                     env=os.environ if from_env else None, words=words,
-                     say=lambda line: typer.echo(line, err=True))
-
-
 @app.command("bench")
 def run(
     settings: Annotated[list[str] | None, typer.Argument(
-        help="settings as name=value (regime=overloaded blocks=3 arms=clean,self); the names "
-        "are listed by --settings", show_default=False)] = None,
-    config: Annotated[Path | None, typer.Option(
-        "--config", help="a TOML file of settings (run.toml); words given too override it")
+        help=words_help("regime=overloaded blocks=3 arms=clean,self"), show_default=False)
     ] = None,
-    from_env: Annotated[bool, typer.Option(
-        "--from-env", help="also take settings from the environment: their make names "
-        "(REGIME=, BLOCKS=, ...) where given on make's command line, what `make bench` uses, "
-        "and COMPBENCH_<NAME> anywhere")] = False,
-    show: Annotated[bool, typer.Option(
-        "--settings", help="list every setting with its make variable and default, and exit")
-    ] = False,
+    config: ConfigFile = None,
+    from_env: FromEnv = False,
+    show: ShowSettings = False,
 ) -> None:
     """Run blocks of arms under a regime (or the load-response sweep); write
     results/<run-id>/ and its report."""
     if show:
-        typer.echo("\n".join(settings_lines(BenchConfig)))
+        show_settings(BenchConfig)
         return
-    chosen = bench_config(settings or [], config, from_env)  # bad settings fail before
+    # bad settings fail before the heavy imports; a platform's PORT or SEED: said, not taken
+    chosen = settings_from(BenchConfig, "bench", words=settings, file=config, from_env=from_env)
     from compaction_bench.bench.report.routing import compare_policies  # the heavy imports
     from compaction_bench.bench.report.run_report import write_report
     from compaction_bench.bench.run.runner import run_bench

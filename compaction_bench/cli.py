@@ -8,7 +8,7 @@ from `common.errors.ExitCode` (`run_cli`).
 
 from __future__ import annotations
 
-from typing import Annotated, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
 from typer.models import CommandInfo
@@ -138,6 +138,29 @@ def index() -> typer.Typer:
         app.command(word, help=line, add_help_option=False,
                     context_settings=PASS_THROUGH)(listed)
     return app
+
+
+def reference() -> list[tuple[str, str, str]]:
+    """(command, usage, first paragraph of help) for every command and subcommand of the built app,
+    in the app's order: docs/commands.md's table is generated from this at build time, so the
+    list of commands is written nowhere by hand."""
+    rows: list[tuple[str, str, str]] = []
+
+    def walk(command: Any, path: str, parent: Any) -> None:  # typer's own click classes
+        ctx = command.context_class(command, info_name=path.rsplit(" ", 1)[-1], parent=parent)
+        group = hasattr(command, "list_commands")
+        if parent is not None:
+            usage = "" if group else " ".join(command.collect_usage_pieces(ctx))
+            first = (command.help or "").strip().split("\n\n")[0]  # the first paragraph
+            rows.append((path, usage, " ".join(first.split())))
+        if group:
+            for name in command.list_commands(ctx):
+                sub = command.get_command(ctx, name)
+                if sub is not None and not sub.hidden:
+                    walk(sub, f"{path} {name}", ctx)
+
+    walk(typer.main.get_command(build()), "compaction-bench", None)
+    return rows
 
 
 def stage_of(argv: list[str]) -> str | None:

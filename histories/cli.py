@@ -15,12 +15,20 @@ import typer
 
 from compaction_bench.common.errors import ExitCode, SuiteError
 from compaction_bench.common.net import DEFAULT_PORT
+from compaction_bench.common.options import (
+    ConfigFile,
+    FromEnv,
+    ShowSettings,
+    alias,
+    settings_from,
+    show_settings,
+    words_help,
+)
 from compaction_bench.common.paths import histories_root, study_root
 from compaction_bench.histories.agent.acquisition import acquire
 from compaction_bench.histories.agent.audit import audit as render_audit
 from compaction_bench.histories.agent.chat import config_for_profile
 from compaction_bench.histories.agent.continuation import continue_history
-from compaction_bench.histories.compaction.arms import SEED_ARMS
 from compaction_bench.histories.compaction.compactor import (
     IDENTITY_MAX_WORDS,
     CompressorConfig,
@@ -28,9 +36,8 @@ from compaction_bench.histories.compaction.compactor import (
     self_compressor,
 )
 from compaction_bench.histories.compaction.endpoint import EndpointConfig
-from compaction_bench.histories.compaction.judge import GATES, JudgeConfig, check_gate
+from compaction_bench.histories.compaction.judge import JudgeConfig, check_gate
 from compaction_bench.histories.compaction.lexical import count_words
-from compaction_bench.histories.compaction.prompts import REWRITE_PROMPTS
 from compaction_bench.histories.format.export import export_minisweagent
 from compaction_bench.histories.format.history import (
     History,
@@ -41,12 +48,12 @@ from compaction_bench.histories.format.history import (
 from compaction_bench.histories.format.importers import import_history, write_study_histories
 from compaction_bench.histories.format.reasoning import thought_label
 from compaction_bench.histories.policies.armfile import write_arm_files
-from compaction_bench.histories.policies.registry import POLICY_ARMS, compressors_needed, parse_arm
+from compaction_bench.histories.policies.registry import compressors_needed, parse_arm
 from compaction_bench.histories.policies.scorer import scorer_for_profile
+from compaction_bench.histories.settings import AcquireConfig, ArmsConfig
 from compaction_bench.histories.tasks.task import load_task, runnable_tasks
 from compaction_bench.serve.launcher import ServerConfig, server_for
 from compaction_bench.serve.profile import (
-    EXTERNAL_COMPRESSOR_PROFILE,
     load_profile,
     resolve_profile,
 )
@@ -58,28 +65,39 @@ app = typer.Typer(help="Agent histories: acquire to a fork, write arms, audit, i
 ProfileOpt = Annotated[str, typer.Option(help="server profile ('auto': for this machine)")]
 UrlOpt = Annotated[str | None, typer.Option(
     "--base-url", help="use this OpenAI-compatible server (with or without /v1)")]
-# `make histories` writes every arm the bench knows by a fixed name, plus the paper's random-30 and
-# a compaction cadence of three turns.
-DEFAULT_ARMS = (*SEED_ARMS, *POLICY_ARMS, "self-every-3")
 RootOpt = Annotated[Path | None, typer.Option(
     help="history files' root (default: data/histories, or $COMPBENCH_HISTORIES)")]
 
 
 @app.command("acquire")
 def acquire_cmd(
-    task: Annotated[str, typer.Option(help="task id, or 'all' for every runnable task")] = "all",
-    profile: ProfileOpt = "auto", port: int = DEFAULT_PORT, base_url: UrlOpt = None, seed: int = 0,
-    fork_turn: Annotated[int | None, typer.Option(help="override the task's fork turn",
-                                                  min=1)] = None,
-    out: RootOpt = None,
+    settings: Annotated[list[str] | None, typer.Argument(
+        help=words_help("task=fix-median seed=3"), show_default=False)] = None,
+    config_file: ConfigFile = None,
+    from_env: FromEnv = False,
+    show: ShowSettings = False,
+    task: Annotated[str | None, alias("task")] = None,
+    profile: Annotated[str | None, alias("profile")] = None,
+    port: Annotated[int | None, alias("port")] = None,
+    base_url: Annotated[str | None, alias("base_url")] = None,
+    seed: Annotated[int | None, alias("seed")] = None,
+    fork_turn: Annotated[int | None, alias("fork_turn")] = None,
+    out: Annotated[Path | None, alias("out")] = None,
 ) -> None:
     """Run the agent to each task's fork and save `<root>/<task>/clean.json`."""
-    chosen = resolve_profile(profile)
-    root = out or histories_root()
-    tasks = [load_task(t) for t in (runnable_tasks() if task == "all" else [task])]
-    with server_for(ServerConfig(profile=chosen, port=port), base_url) as url:
+    if show:
+        show_settings(AcquireConfig)
+        return
+    c = settings_from(AcquireConfig, "histories acquire", words=settings, file=config_file,
+                      from_env=from_env, flags={
+        "task": task, "profile": profile, "port": port, "base_url": base_url, "seed": seed,
+        "fork_turn": fork_turn, "out": out})
+    chosen = resolve_profile(c.profile)
+    root = c.out or histories_root()
+    tasks = [load_task(t) for t in (runnable_tasks() if c.task == "all" else [c.task])]
+    with server_for(ServerConfig(profile=chosen, port=c.port), c.base_url) as url:
         for t in tasks:
-            got = acquire(t, config_for_profile(chosen, url, seed), fork_turn=fork_turn,
+            got = acquire(t, config_for_profile(chosen, url, c.seed), fork_turn=c.fork_turn,
                           provenance={"profile": chosen.name})
             path = root / t.id / "clean.json"
             save_history(got.history, path)
@@ -112,47 +130,53 @@ def _needs_compressor(paths: list[Path]) -> bool:
 
 @app.command("arms")
 def arms_cmd(
-    task: Annotated[str, typer.Option(help="task id, or 'all' for every runnable task")] = "all",
-    root: RootOpt = None,
-    arms: Annotated[str, typer.Option(
-        help="comma-separated arm names (clean and placebo need no file and are skipped)")] = (
-        ",".join(DEFAULT_ARMS)),
-    profile: Annotated[str, typer.Option(help="the target's profile ('auto')")] = "auto",
-    port: int = DEFAULT_PORT,
-    base_url: UrlOpt = None,
-    external_profile: str = EXTERNAL_COMPRESSOR_PROFILE,
-    external_port: int = 8001,
-    external_url: Annotated[str | None, typer.Option(
-        help="an external compressor's URL (key from $COMPRESSOR_API_KEY)")] = None,
-    external_model: str = "compressor",
-    prompt: Annotated[str, typer.Option(help=f"one of {', '.join(REWRITE_PROMPTS)}")] = (
-        "telegraphic"),
-    cap_per_word: Annotated[float | None, typer.Option(
-        help="first draft cap = this x raw words + 32 tokens (default: the compressor "
-        "profile's compressor_tokens_per_raw_word, 2.0 on the embedded CPU models; for an "
-        "--external-url, the study's fixed cap)")] = None,
-    judge_url: Annotated[str | None, typer.Option(help="fidelity judge URL")] = None,
-    judge_model: str = "judge",
-    gate: Annotated[str, typer.Option(help=f"one of {', '.join(GATES)}")] = "off",
-    scorer: Annotated[str | None, typer.Option(
-        help="the entropy arms' proxy model: a local folder, a cached Hugging Face id or "
-        "embedded:<name> (default: the profile's model.scorer; on CPU the served model)")] = None,
-    scorer_device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:1, ...")] = "auto",
-    seed: Annotated[int, typer.Option(help="seed of random-<r> at the fork", min=0)] = 0,
+    settings: Annotated[list[str] | None, typer.Argument(
+        help=words_help("arms=self,external task=fix-median"), show_default=False)] = None,
+    config_file: ConfigFile = None,
+    from_env: FromEnv = False,
+    show: ShowSettings = False,
+    task: Annotated[str | None, alias("task")] = None,
+    root: Annotated[Path | None, alias("root")] = None,
+    arms: Annotated[str | None, alias("arms")] = None,
+    profile: Annotated[str | None, alias("profile")] = None,
+    port: Annotated[int | None, alias("port")] = None,
+    base_url: Annotated[str | None, alias("base_url")] = None,
+    external_profile: Annotated[str | None, alias("external_profile")] = None,
+    external_port: Annotated[int | None, alias("external_port")] = None,
+    external_url: Annotated[str | None, alias("external_url")] = None,
+    external_model: Annotated[str | None, alias("external_model")] = None,
+    prompt: Annotated[str | None, alias("prompt")] = None,
+    cap_per_word: Annotated[float | None, alias("cap_per_word")] = None,
+    judge_url: Annotated[str | None, alias("judge_url")] = None,
+    judge_model: Annotated[str | None, alias("judge_model")] = None,
+    gate: Annotated[str | None, alias("gate")] = None,
+    scorer: Annotated[str | None, alias("scorer")] = None,
+    scorer_device: Annotated[str | None, alias("scorer_device")] = None,
+    seed: Annotated[int | None, alias("seed")] = None,
 ) -> None:
     """Write each arm's file beside each task's clean.json: external.json, self.json and
     <compressor>-every-<n>.json by compaction (ledger and cache in <task>/compaction/), and the
     second paper's entropy.json, step-entropy.json, delete-all-thinking.json, keep-latest.json,
     random-<r>.json by their policies."""
-    wanted = [a.strip() for a in arms.split(",") if a.strip()]
-    specs = [parse_arm(a) for a in wanted]  # an unknown name fails here, listing the known
+    if show:
+        show_settings(ArmsConfig)
+        return
+    c = settings_from(ArmsConfig, "histories arms", words=settings, file=config_file,
+                      from_env=from_env, flags={
+        "task": task, "root": root, "profile": profile, "port": port, "base_url": base_url,
+        "arms": None if arms is None else tuple(a.strip() for a in arms.split(",") if a.strip()),
+        "external_profile": external_profile, "external_port": external_port,
+        "external_url": external_url, "external_model": external_model, "prompt": prompt,
+        "cap_per_word": cap_per_word, "judge_url": judge_url, "judge_model": judge_model,
+        "gate": gate, "scorer": scorer, "scorer_device": scorer_device, "seed": seed})
+    task, root, profile, port, base_url = c.task, c.root, c.profile, c.port, c.base_url
+    external_url, cap_per_word, seed = c.external_url, c.cap_per_word, c.seed
+    specs = [parse_arm(a) for a in c.arms]  # an unknown name fails here, listing the known
     compacting = {s.name: s for s in specs if s.kind == "compaction"}
     stepwise = [s.name for s in specs if s.stepwise]
-    if prompt not in REWRITE_PROMPTS:
-        raise SuiteError(f"unknown prompt {prompt!r}; use one of {', '.join(REWRITE_PROMPTS)}")
-    judge = (JudgeConfig(endpoint=EndpointConfig(api_url=judge_url, model=judge_model))
-             if judge_url else None)
-    chosen_gate = check_gate(gate, judge)
+    judge = (JudgeConfig(endpoint=EndpointConfig(api_url=c.judge_url, model=c.judge_model))
+             if c.judge_url else None)
+    chosen_gate = check_gate(c.gate, judge)
     base = root or histories_root()
     ids = runnable_tasks() if task == "all" else [task]
     paths = [base / t / "clean.json" for t in ids]
@@ -160,9 +184,9 @@ def arms_cmd(
         raise SuiteError(f"no clean history at {', '.join(missing)}; acquire first "
                          "(`make histories` or `compaction-bench histories acquire`)")
     target = ServerConfig(profile=resolve_profile(profile), port=port)
-    proxy = (scorer_for_profile(target.profile, scorer, device=scorer_device)
+    proxy = (scorer_for_profile(target.profile, c.scorer, device=c.scorer_device)
              if stepwise else None)
-    external = ServerConfig(profile=load_profile(external_profile), port=external_port)
+    external = ServerConfig(profile=load_profile(c.external_profile), port=c.external_port)
     needed = _needs_compressor(paths) if compacting else False
     used = compressors_needed(list(compacting))
     failed = False
@@ -175,11 +199,11 @@ def arms_cmd(
             # the rewrite cache's identity names the model that answers where it is known
             # (the embedded compressor); an --external-url's URL stands for its model
             configs["external"] = external_compressor(
-                ext_url, model=external_model, prompt=prompt, max_tokens_per_raw_word=per_word,
+                ext_url, model=c.external_model, prompt=c.prompt, max_tokens_per_raw_word=per_word,
                 cache_tag="" if external_url else external.profile.model.source)
         if target_url is not None:
             configs["self"] = self_compressor(
-                target_url, model=target.profile.model.compressor_name, prompt=prompt,
+                target_url, model=target.profile.model.compressor_name, prompt=c.prompt,
                 max_tokens_per_raw_word=(
                     cap_per_word or target.profile.model.compressor_tokens_per_raw_word),
                 cache_tag=target.profile.model.source)

@@ -36,18 +36,23 @@ Say = Callable[[str], None]
 
 
 class CalibrationConfig(BaseModel):
-    """What `kernels.cli run` does; the command line builds it."""
+    """What `kernels run` does (`make kernels` variables; common/options.py)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    profile: str = "auto"
-    port: int = Field(default=DEFAULT_PORT, ge=1, le=65535)
-    base_url: str | None = None
-    out_dir: Path | None = None
-    micro: bool = True
-    probe: bool = True
-    quick: bool = False
-    seed: int | None = Field(default=None, ge=0)
+    profile: str = Field(default="auto", description="server profile; 'auto': for this "
+                         "machine")
+    port: int = Field(default=DEFAULT_PORT, ge=1, le=65535, description="the profile "
+                      "server's port")
+    base_url: str | None = Field(default=None, description="probe this server instead (with "
+                                 "or without /v1)")
+    out_dir: Path | None = Field(default=None, description="where the results file goes "
+                                 "(default kernels/results/)")
+    micro: bool = Field(default=True, description="run the micro-benchmarks")
+    probe: bool = Field(default=True, description="probe the server and fit the cost model")
+    quick: bool = Field(default=False, description="a 2-3 level probe (a first look, tests)")
+    seed: int | None = Field(default=None, ge=0, description="prompt generator seed (default: "
+                             "fresh, so no earlier run's cache is hit)")
     threads: int | None = Field(default=None, ge=1, description="CPU threads for the "
                                 "micro-benchmarks (default 1 on a CPU; see kernels/micro.py)")
 

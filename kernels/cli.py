@@ -10,7 +10,15 @@ from typing import Annotated
 
 import typer
 
-from compaction_bench.common.net import DEFAULT_PORT
+from compaction_bench.common.options import (
+    ConfigFile,
+    FromEnv,
+    ShowSettings,
+    alias,
+    settings_from,
+    show_settings,
+    words_help,
+)
 
 app = typer.Typer(help="Measured device costs: micro-benchmarks, server probes, cost-model fits.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
@@ -18,27 +26,32 @@ app = typer.Typer(help="Measured device costs: micro-benchmarks, server probes, 
 
 @app.command()
 def run(
-    profile: Annotated[str, typer.Option(help="server profile; 'auto': for this machine")] = "auto",
-    port: Annotated[int, typer.Option(help="the profile server's port", min=1,
-                                      max=65535)] = DEFAULT_PORT,
-    base_url: Annotated[str | None, typer.Option(
-        help="probe this server instead (with or without /v1)")] = None,
-    out_dir: Annotated[Path | None, typer.Option(
-        help="where the results file goes (default kernels/results/)")] = None,
-    micro: Annotated[bool, typer.Option(help="run the micro-benchmarks")] = True,
-    probe: Annotated[bool, typer.Option(help="probe the server and fit the cost model")] = True,
-    quick: Annotated[bool, typer.Option(help="a 2-3 level probe (a first look, tests)")] = False,
-    seed: Annotated[int | None, typer.Option(
-        help="prompt generator seed (default: fresh, so no earlier run's cache is hit)")] = None,
-    threads: Annotated[int | None, typer.Option(
-        help="CPU threads for the micro-benchmarks (default 1; see kernels/micro.py)")] = None,
+    settings: Annotated[list[str] | None, typer.Argument(
+        help=words_help("quick=1 seed=3 base_url=http://host:8000"), show_default=False)
+    ] = None,
+    config_file: ConfigFile = None,
+    from_env: FromEnv = False,
+    show: ShowSettings = False,
+    profile: Annotated[str | None, alias("profile")] = None,
+    port: Annotated[int | None, alias("port")] = None,
+    base_url: Annotated[str | None, alias("base_url")] = None,
+    out_dir: Annotated[Path | None, alias("out_dir")] = None,
+    micro: Annotated[bool | None, alias("micro", "--micro/--no-micro")] = None,
+    probe: Annotated[bool | None, alias("probe", "--probe/--no-probe")] = None,
+    quick: Annotated[bool | None, alias("quick", "--quick/--no-quick")] = None,
+    seed: Annotated[int | None, alias("seed")] = None,
+    threads: Annotated[int | None, alias("threads")] = None,
 ) -> None:
     """Micro-benchmarks, server probes and fits; writes kernels/results/<...>.json."""
     from compaction_bench.kernels.calibration import CalibrationConfig, calibrate
 
-    config = CalibrationConfig(profile=profile, port=port, base_url=base_url, out_dir=out_dir,
-                               micro=micro, probe=probe, quick=quick, seed=seed,
-                               threads=threads)
+    if show:
+        show_settings(CalibrationConfig)
+        return
+    config = settings_from(CalibrationConfig, "kernels", words=settings, file=config_file,
+                           from_env=from_env, flags={
+        "profile": profile, "port": port, "base_url": base_url, "out_dir": out_dir,
+        "micro": micro, "probe": probe, "quick": quick, "seed": seed, "threads": threads})
     calibrate(config, argv=["compaction-bench", *sys.argv[1:]], say=typer.echo)
 
 

@@ -8,13 +8,19 @@ failures end in one line naming the cause (`common.errors.run_cli`)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from compaction_bench.common.settings import configure, settings_lines
+from compaction_bench.common.options import (
+    ConfigFile,
+    FromEnv,
+    ShowSettings,
+    settings_from,
+    show_settings,
+    words_help,
+)
 from compaction_bench.plan.settings import PlanConfig
 from compaction_bench.plan.truth import TruthConfig
 
@@ -23,33 +29,19 @@ app = typer.Typer(add_completion=False, pretty_exceptions_enable=False,
                   "cost and break-even uses per arm (plan.md, plan.json, plots/).")
 
 
-SETTINGS_HELP = ("settings as name=value (e.g. {example}); the names are listed by --settings, "
-                 "each also a make variable in upper case")
-
-
-def _say(line: str) -> None:
-    typer.echo(line, err=True)
-
-
-FromEnv = Annotated[bool, typer.Option(
-    "--from-env", help="also take settings from the environment: their make names where given "
-    "on make's command line (what make uses), COMPBENCH_<NAME> anywhere")]
-ShowSettings = Annotated[bool, typer.Option(
-    "--settings", help="list every setting with its make variable and default, and exit")]
-
-
 @app.command()
 def plan(
     run_dir: Annotated[Path | None, typer.Argument(
         help="Run folder, e.g. results/<run-id>.", show_default=False)] = None,
-    settings: Annotated[list[str] | None, typer.Argument(help=SETTINGS_HELP.format(
-        example="slo=p90:120s agents=40 fleet_replicas=2,4,8"), show_default=False)] = None,
+    settings: Annotated[list[str] | None, typer.Argument(help=words_help(
+        "slo=p90:120s agents=40 fleet_replicas=2,4,8"), show_default=False)] = None,
+    config_file: ConfigFile = None,
     from_env: FromEnv = False,
     show: ShowSettings = False,
 ) -> None:
     """Write plan.md, plan.json and plots/plan_*.png into RUN_DIR."""
     if show:
-        typer.echo("\n".join(settings_lines(PlanConfig)))
+        show_settings(PlanConfig)
         return
     if run_dir is None:
         raise typer.BadParameter("give the run folder: compaction-bench plan results/<run-id>",
@@ -57,8 +49,8 @@ def plan(
     from compaction_bench.plan.observations import HOST_NOTE
     from compaction_bench.plan.write import write_plan
 
-    config = configure(PlanConfig, "plan", env=os.environ if from_env else None,
-                       words=settings or [], given={"run_dir": run_dir}, say=_say)
+    config = settings_from(PlanConfig, "plan", words=settings, file=config_file,
+                           from_env=from_env, given={"run_dir": run_dir})
     files = write_plan(config)
     for line in files.markdown.read_text(encoding="utf-8").splitlines():
         if line.startswith(f"> {HOST_NOTE}"):  # contended cells: said where the user looks
@@ -105,9 +97,10 @@ def plan_check(
 
 @app.command("fleet-truth")
 def fleet_truth(
-    settings: Annotated[list[str] | None, typer.Argument(help=SETTINGS_HELP.format(
-        example="replicas=2,4 policies=round_robin slots=2 cache_discount=0.8"),
+    settings: Annotated[list[str] | None, typer.Argument(help=words_help(
+        "replicas=2,4 policies=round_robin slots=2 cache_discount=0.8"),
         show_default=False)] = None,
+    config_file: ConfigFile = None,
     from_env: FromEnv = False,
     show: ShowSettings = False,
 ) -> None:
@@ -118,14 +111,14 @@ def fleet_truth(
     The table (fleet-truth.md): policy | replicas | arm | true agents | planned agents | error |
     SLO held at planned N."""
     if show:
-        typer.echo("\n".join(settings_lines(TruthConfig)))
+        show_settings(TruthConfig)
         return
     import sys
 
     from compaction_bench.plan.truth import TRUTH_MD, run_truth, truth_markdown
 
-    config = configure(TruthConfig, "fleet-truth", env=os.environ if from_env else None,
-                       words=settings or [], say=_say)
+    config = settings_from(TruthConfig, "fleet-truth", words=settings, file=config_file,
+                           from_env=from_env)
     rows = run_truth(config, sys.stderr)
     typer.echo(truth_markdown(config, rows))
     typer.echo(f"truth: {config.out / TRUTH_MD}")

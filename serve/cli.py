@@ -11,6 +11,15 @@ import typer
 
 from compaction_bench.common.files import write_json_atomic
 from compaction_bench.common.net import DEFAULT_PORT
+from compaction_bench.common.options import (
+    ConfigFile,
+    FromEnv,
+    ShowSettings,
+    alias,
+    settings_from,
+    show_settings,
+    words_help,
+)
 from compaction_bench.common.paths import run_state_dir
 from compaction_bench.serve.command import cpu_list, profile_env, redacted
 from compaction_bench.serve.launcher import (
@@ -31,10 +40,7 @@ from compaction_bench.serve.replicas import (
     server_config,
 )
 from compaction_bench.serve.router import (
-    DEFAULT_POLICY,
-    ROUTER_POLICIES,
     RouterConfig,
-    policy_refusal,
     router_command,
 )
 from compaction_bench.serve.selfcheck import (
@@ -43,6 +49,7 @@ from compaction_bench.serve.selfcheck import (
     run_selfcheck,
     selfcheck_plan,
 )
+from compaction_bench.serve.settings import ServeConfig
 from compaction_bench.serve.share import NO_SHARE, HostShare, cpu_max
 
 app = typer.Typer(help="Start, stop and inspect the suite's vLLM servers.", no_args_is_help=True,
@@ -84,71 +91,79 @@ def _check(server: Server) -> SelfCheckReport:
 
 @app.command("serve")
 def serve(
-    profile: ProfileOpt = "auto",
-    port: Annotated[int, typer.Option(help="TCP port", min=1, max=65535)] = DEFAULT_PORT,
-    host: Annotated[str, typer.Option(help="bind address (HOST)")] = "127.0.0.1",
-    model: Annotated[str | None, typer.Option(help="override the profile's model source")] = None,
-    background: Annotated[bool, typer.Option(help="return once healthy; `stop` ends it")] = False,
-    timeout: Annotated[float, typer.Option(help="seconds to wait for /health", min=1)] = 900.0,
-    selfcheck: Annotated[bool, typer.Option(help="run the self-check once healthy; a failure "
-                                            "stops the server")] = True,
-    speculative: SpecOpt = None,
-    expert_parallel: EpOpt = None,
-    fast_start: Annotated[bool, typer.Option(
-        help="--optimization-level 0: no compilation, a faster cold start and slower steps "
-        "(FAST_START=1; not for measurements)")] = False,
-    dry_run: Annotated[bool, typer.Option(
-        help="print the exact server command, its environment and the self-check plan; start, "
-        "convert and download nothing")] = False,
-    replicas: Annotated[int, typer.Option(
-        help="REPLICAS: this many servers of the profile on PORT+2.. (each on its own CPUs or "
-        "GPUs) behind vLLM's router on PORT", min=1)] = 1,
-    router_policy: Annotated[str, typer.Option(
-        help=f"ROUTER_POLICY, with REPLICAS>1: one of {', '.join(ROUTER_POLICIES)}")
-    ] = DEFAULT_POLICY,
-    replica_cpus: Annotated[int | None, typer.Option(
-        help="REPLICA_CPUS: each replica's CPU set of this many CPUs, one server alone "
-        "included, the rest left to the client and router (recorded in the run manifest); "
-        "default: one server unpinned, REPLICAS>1 split the CPUs", min=1)] = None,
-    replica_cpu_quota: Annotated[float | None, typer.Option(
-        help="REPLICA_CPU_QUOTA: each replica's cgroup CPU quota in CPUs (0.9 = 90% of "
-        "one CPU), in a cgroup of its own removed when it stops; default: none", min=0.01)
-    ] = None,
+    settings: Annotated[list[str] | None, typer.Argument(
+        help=words_help("port=8100 replicas=2 fast_start=1"), show_default=False)] = None,
+    config_file: ConfigFile = None,
+    from_env: FromEnv = False,
+    show: ShowSettings = False,
+    profile: Annotated[str | None, alias("profile")] = None,
+    port: Annotated[int | None, alias("port")] = None,
+    host: Annotated[str | None, alias("host")] = None,
+    model: Annotated[str | None, alias("model")] = None,
+    background: Annotated[bool | None, alias("background", "--background/--no-background")
+                          ] = None,
+    timeout: Annotated[float | None, alias("timeout_s")] = None,
+    selfcheck: Annotated[bool | None, alias("selfcheck", "--selfcheck/--no-selfcheck")] = None,
+    speculative: Annotated[bool | None, alias(
+        "speculative", "--speculative/--no-speculative")] = None,
+    expert_parallel: Annotated[bool | None, alias(
+        "expert_parallel", "--expert-parallel/--no-expert-parallel")] = None,
+    fast_start: Annotated[bool | None, alias("fast_start", "--fast-start/--no-fast-start")
+                          ] = None,
+    dry_run: Annotated[bool | None, alias("dry_run", "--dry-run/--no-dry-run")] = None,
+    replicas: Annotated[int | None, alias("replicas")] = None,
+    router_policy: Annotated[str | None, alias("router_policy")] = None,
+    replica_cpus: Annotated[int | None, alias("replica_cpus")] = None,
+    replica_cpu_quota: Annotated[float | None, alias("replica_cpu_quota")] = None,
 ) -> None:
     """Serve a profile: the target and compressor names from one engine, self-checked."""
-    if router_policy not in ROUTER_POLICIES:
-        raise typer.BadParameter(policy_refusal(router_policy), param_hint="ROUTER_POLICY")
-    share = HostShare(cpus=replica_cpus, cpu_quota=replica_cpu_quota)
-    if dry_run:
-        typer.echo(show(profile, port=port, host=host, model=model, speculative=speculative,
-                        expert_parallel=expert_parallel, share=share))
-        if replicas > 1:
-            typer.echo(show_replicas(profile, replicas, router_policy, port=port, host=host,
-                                     share=share))
+    if show:
+        show_settings(ServeConfig)
+        return
+    serve_with(settings_from(ServeConfig, "serve", words=settings, file=config_file,
+                             from_env=from_env, flags={
+        "profile": profile, "port": port, "host": host, "model": model,
+        "background": background, "timeout_s": timeout, "selfcheck": selfcheck,
+        "speculative": speculative, "expert_parallel": expert_parallel,
+        "fast_start": fast_start, "dry_run": dry_run, "replicas": replicas,
+        "router_policy": router_policy, "replica_cpus": replica_cpus,
+        "replica_cpu_quota": replica_cpu_quota}))
+
+
+def serve_with(c: ServeConfig) -> None:
+    """`serve` with its settings resolved."""
+    share = HostShare(cpus=c.replica_cpus, cpu_quota=c.replica_cpu_quota)
+    if c.dry_run:
+        typer.echo(show(c.profile, port=c.port, host=c.host, model=c.model,
+                        speculative=c.speculative, expert_parallel=c.expert_parallel,
+                        share=share))
+        if c.replicas > 1:
+            typer.echo(show_replicas(c.profile, c.replicas, c.router_policy, port=c.port,
+                                     host=c.host, share=share))
         return
     config = ServerConfig(
-        profile=_profile(profile, speculative, expert_parallel), host=host, port=port,
-        model=model or None, api_key=os.environ.get("API_KEY") or None,
-        ready_timeout_s=timeout, fast_start=fast_start,
+        profile=_profile(c.profile, c.speculative, c.expert_parallel), host=c.host, port=c.port,
+        model=c.model or None, api_key=os.environ.get("API_KEY") or None,
+        ready_timeout_s=c.timeout_s, fast_start=c.fast_start,
     )
-    if replicas == 1:
+    if c.replicas == 1:
         config = server_config(config, share)
-    if replicas > 1:
-        if background:
+    if c.replicas > 1:
+        if c.background:
             raise typer.BadParameter("REPLICAS>1 runs in the foreground only (Ctrl-C or `make "
                                      "stop` ends it)", param_hint="--background")
         model_name = config.profile.model.target_name
         raise typer.Exit(serve_fleet(
-            FleetConfig(server=config, replicas=replicas, policy=router_policy, share=share),
-            check=_check if selfcheck else None,
+            FleetConfig(server=config, replicas=c.replicas, policy=c.router_policy, share=share),
+            check=_check if c.selfcheck else None,
             router_check=(lambda fleet: check_router(fleet, model_name, api_key=config.api_key))
-            if selfcheck else None))
-    if not background:
-        raise typer.Exit(serve_foreground(config, after_ready=_check if selfcheck else None))
+            if c.selfcheck else None))
+    if not c.background:
+        raise typer.Exit(serve_foreground(config, after_ready=_check if c.selfcheck else None))
     server = Server(config)
     server.start()
     server.wait_ready()
-    if selfcheck:
+    if c.selfcheck:
         try:
             _check(server)
         except BaseException:

@@ -10,9 +10,13 @@ a note naming the file, so an edit there is an edit of the docs and no copy can 
 that does not exist, or lies outside the checkout, stops the build with one line naming the
 page, the path and the fix. `mkdocs serve` also rebuilds when an included file changes.
 
-The line `<!-- settings-table -->` becomes the table of every bench setting, generated from the
-typed config (`compaction-bench bench --settings` prints the same rows), so no setting is
-written down twice.
+The line `<!-- settings-table: <command> -->` (bench, serve, plan, fleet-truth, kernels,
+histories-acquire, histories-arms) becomes the
+table of every setting of that command, generated from its typed config (`compaction-bench
+<command> --settings` prints the same rows), so no setting is written down twice. The line
+`<!-- command-reference -->` becomes the table of every command and subcommand with its
+arguments and first paragraph of help, generated from the built app (`compaction_bench.cli
+reference`).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from mkdocs.structure.pages import Page
 
 # A whole line of its own, so a mention of the syntax inside a sentence is left alone.
 MARKER = re.compile(r"^<!-- include: (?P<path>\S+) -->[ \t]*$", re.MULTILINE)
-SETTINGS = re.compile(r"^<!-- settings-table -->[ \t]*$", re.MULTILINE)
+SETTINGS = re.compile(r"^<!-- settings-table: (?P<command>[a-z-]+) -->[ \t]*$", re.MULTILINE)
 
 # Every file included by the last build, for `mkdocs serve` to watch.
 _included: set[Path] = set()
@@ -56,22 +60,52 @@ def _read(root: Path, page: str, relative: str) -> str:
     return f"{text.rstrip()}\n\n{note}\n"
 
 
-def _settings_table() -> str:
+def _settings_table(page: str, command: str) -> str:
+    from pydantic import BaseModel
+
     from compaction_bench.bench.run.config import BenchConfig
     from compaction_bench.common.markdown import table
     from compaction_bench.common.settings import settings_table
+    from compaction_bench.histories.settings import AcquireConfig, ArmsConfig
+    from compaction_bench.kernels.calibration import CalibrationConfig
+    from compaction_bench.plan.settings import PlanConfig
+    from compaction_bench.plan.truth import TruthConfig
+    from compaction_bench.serve.settings import ServeConfig
 
+    models: dict[str, type[BaseModel]] = {"bench": BenchConfig, "serve": ServeConfig,
+                                          "plan": PlanConfig, "fleet-truth": TruthConfig,
+                                          "kernels": CalibrationConfig,
+                                          "histories-acquire": AcquireConfig,
+                                          "histories-arms": ArmsConfig}
+    if command not in models:
+        raise PluginError(f"docs/{page}: `settings-table: {command}` names no command with "
+                          f"settings; use one of {', '.join(models)}")
     rows = [(f"`{name}`", f"`{variable}`", f"`{default}`" if default else "-", text)
-            for name, variable, default, text in settings_table(BenchConfig)]
+            for name, variable, default, text in settings_table(models[command])]
     return "\n".join(table(("setting (file, `name=value`)", "make variable", "default",
                            "what it does"), rows))
+
+
+COMMANDS = re.compile(r"^<!-- command-reference -->[ \t]*$", re.MULTILINE)
+
+
+def _command_reference() -> str:
+    from compaction_bench.cli import reference
+    from compaction_bench.common.markdown import table
+
+    rows = [(f"`{command}`", f"`{usage}`" if usage else "(a group)",
+             text.replace("|", "\\|")) for command, usage, text in reference()]
+    return "\n".join(table(("command", "arguments", "what it does"), rows))
 
 
 def on_page_markdown(markdown: str, page: Page, config: MkDocsConfig, files: Files) -> str:
     root = _root(config)
     markdown = MARKER.sub(lambda found: _read(root, page.file.src_uri, found["path"]), markdown)
     if SETTINGS.search(markdown):
-        markdown = SETTINGS.sub(lambda _: _settings_table(), markdown)
+        markdown = SETTINGS.sub(
+            lambda found: _settings_table(page.file.src_uri, found["command"]), markdown)
+    if COMMANDS.search(markdown):
+        markdown = COMMANDS.sub(lambda _: _command_reference(), markdown)
     return markdown
 
 

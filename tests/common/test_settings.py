@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from compaction_bench.bench.cli import bench_config
 from compaction_bench.bench.run.config import BenchConfig
+from compaction_bench.common.options import settings_from
 from compaction_bench.common.settings import (
     SettingsError,
     build,
@@ -63,8 +63,9 @@ def test_a_platforms_own_variable_is_named_and_never_taken() -> None:
 
 
 def test_text_for_a_tuple_is_split_at_commas_and_booleans_read_as_make_writes_them() -> None:
-    config = bench_config(["arms=clean, external ,external-history", "FAST_START=1",
-                           "token_ids=0", "sweep.levels=4,1,2"], None, False)
+    config = settings_from(BenchConfig, "bench", words=[
+        "arms=clean, external ,external-history", "FAST_START=1", "token_ids=0",
+        "sweep.levels=4,1,2"])
     assert config.arms == ("clean", "external", "external-history")
     assert config.fast_start is True and config.token_ids is False
     assert config.sweep.levels == (1, 2, 4)
@@ -86,7 +87,7 @@ def test_bad_settings_are_refused_naming_their_source(
         run = tmp_path / "run.toml"
         run.write_text(file_text)
     with pytest.raises(SettingsError) as refused:
-        bench_config(words, run, False)
+        settings_from(BenchConfig, "bench", words=words, file=run)
     message = str(refused.value)
     assert needle in message and "\n" not in message
     if run is not None:
@@ -95,4 +96,4 @@ def test_bad_settings_are_refused_naming_their_source(
 
 def test_a_missing_settings_file_names_itself(tmp_path: Path) -> None:
     with pytest.raises(SettingsError, match=r"no-such\.toml: no such settings file"):
-        bench_config([], tmp_path / "no-such.toml", False)
+        settings_from(BenchConfig, "bench", words=[], file=tmp_path / "no-such.toml")

@@ -82,3 +82,27 @@ def test_file_names_are_slugs() -> None:
     assert slug("Intel(R) Xeon(R) Processor") == "intel-xeon-processor"
     assert file_name("NVIDIA H200", "micro", "torch-2.9.0+cu128") == (
         "nvidia-h200__micro__torch-2.9.0-cu128.json")
+
+
+@pytest.mark.e2e
+def test_run_takes_words_make_variables_and_flags_as_one_set_of_settings() -> None:
+    """`make kernels QUICK=1` is `kernels run quick=1` is `kernels run --quick` (issue 31); each
+    bad setting is refused in one line before anything is measured, naming where it came from."""
+    listed = cli("run", "--settings")
+    assert listed.returncode == 0, listed.stderr
+    assert {line.split()[0] for line in listed.stdout.splitlines()} == {
+        "profile", "port", "base_url", "out_dir", "micro", "probe", "quick", "seed", "threads"}
+    for args, env, needle in (
+            (("threads=0",), {}, "threads: Input should be greater than or equal to 1 (got '0')"
+                                 " (from command line)"),
+            (("--from-env",), {"MAKEFLAGS": " -- SEED=-1", "SEED": "-1"},
+             "seed: Input should be greater than or equal to 0 (got '-1') (from make SEED)"),
+            (("--from-env",), {"COMPBENCH_PORT": "0"}, "(from environment COMPBENCH_PORT)"),
+            (("seed=1", "--threads", "0"), {}, "threads: Input should be greater than or equal"),
+            (("qiuck=1",), {}, "'qiuck=1': give settings as name=value with one of profile")):
+        done = subprocess.run([sys.executable, "-m", "compaction_bench", "kernels", "run", *args],
+                              cwd=REPO, env={**ENV, **env}, capture_output=True, text=True,
+                              timeout=300, check=False)
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        assert done.returncode == 2 and len(lines) == 1, (args, done.stderr)
+        assert needle in lines[0], (args, lines[0])

@@ -202,11 +202,6 @@ def test_dry_run_prints_command_environment_and_plan_for_every_profile() -> None
         assert f"minimum {p.vllm.minimum}" in out
 
 
-def test_makefile_serve_passes_dry_run() -> None:
-    makefile = (repo_root() / "Makefile").read_text()
-    assert "$(CB) serve $(SERVE_FLAGS)" in makefile and "$(if $(DRY_RUN),--dry-run)" in makefile
-
-
 def test_opt_in_features_reach_the_command_only_when_on() -> None:
     p = load_profile("h200x2-deepseek-v4-flash")
     off = build_command(ServerConfig(profile=p), "m")

@@ -122,7 +122,8 @@ def _capacity(plan: Plan, document: dict[str, Any], check: dict[str, Any] | None
                  f"{100 * slo.quantile:g} is a miss") + f" (n={lv.n_all})"
               for arm, cap in plan.capacity.items() for lv in cap.excluded]
     lines += [f"- {arm}: {line}" for arm, cap in plan.capacity.items()
-              for line in (_against_measured(cap), _sampling_only(cap)) if line]
+              for line in (_against_measured(cap), _sampling_only(cap),
+                           _few_continuations(cap)) if line]
     lines += [f"- {arm}: N={lv.level}: {lv.censored} of {lv.n_all} continuations were censored "
               f"at the arm wall limit (TimeExceeded after {fmt(lv.censored_at_s, 0)} s): they "
               "count as misses, ranked above every finished one, since their true times are "
@@ -203,6 +204,27 @@ def _against_measured(cap: Any) -> str:
                "lower) crosses the SLO below it")
     return (f"the largest level measured within the SLO is N={cap.held_level} and {above}: "
             f"{cap.agents} agents per replica differ from it because {how}")
+
+
+# Below this many continuations at a level, the N interval's lower end misses the truth more
+# often than its stated 2.5%: measured on synthetic sweeps of known truth (200 seeds each of a
+# straight, a bending and a saturating curve, B = 400; tests/plan/test_shapes.py), the true N
+# fell below it in 6.0-7.5% of seeds at 8 continuations per level, 3.0-3.5% at 16 and
+# 2.5-3.0% at 32 (docs/measured-figures.md, "Coverage of the plan's intervals").
+FEW_CONTINUATIONS = 16
+FEW_MISS = "6-7.5%"
+
+
+def _few_continuations(cap: Any) -> str:
+    """Levels measured with fewer than FEW_CONTINUATIONS continuations: the interval's
+    pessimistic end is known to be too optimistic there, by a measured amount."""
+    fewest = min((lv.n_all for lv in cap.levels), default=None)
+    if fewest is None or fewest >= FEW_CONTINUATIONS or cap.n_slo is None:
+        return ""
+    return (f"as few as {fewest} continuations at a level: the lower end of N's interval "
+            f"is too high more often than its stated 2.5% (the true N fell below it in "
+            f"{FEW_MISS} of synthetic sweeps at 8 per level, 3% at 16); plan with the lower "
+            f"end, or measure {FEW_CONTINUATIONS} or more per level (SWEEP_MIN_CONTINUATIONS)")
 
 
 def _sampling_only(cap: Any) -> str:

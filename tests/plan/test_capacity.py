@@ -30,7 +30,10 @@ def test_the_sequence_cap_binds_through_the_measured_duty(make_sweep: Callable[.
     assert cap.seq_cap == 3  # floor(2 / 0.6)
     assert cap.kv_cap == 6  # floor(100 blocks x 128 / (2000 prompt + 100 completion))
     assert (cap.agents, cap.binding) == (3, "max_num_seqs")
-    assert not cap.extrapolated and cap.agents_ci == (3, 3)
+    # the SLO's own interval of N reaches below the cap ([2.9, 5.8] at seed 0: only N = 2 and
+    # 8 were measured around it), so the agents interval does too; both read one set of
+    # resamples (plan/capacity.py `reflected`)
+    assert not cap.extrapolated and cap.agents_ci == (min(3, math.floor(cap.n_slo_ci[0])), 3)
     need = gpus_needed(cap, 100, 1)
     assert (need.gpus, need.replicas) == (34, 34)  # ceil(100 / 3)
     per_task = plan.operating["clean"]

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from compaction_bench.plan.planner import build_plan
 from compaction_bench.plan.settings import PlanConfig
 from compaction_bench.plan.write import write_plan
 
@@ -70,3 +72,40 @@ def test_every_shape_and_condition_gets_a_whole_plan(
                 name, agents)
             assert low is not None and low <= value and (
                 agents["ci_high_infinite"] or value <= high), (name, agents)
+
+
+# Coverage of the N interval on each side, per shape (issue 29: "the interval must cover the
+# truth at its stated rate on both sides, or state its measured coverage"). The full measurement
+# (docs/measured-figures.md, "Coverage of the plan's intervals"): PLAN_SHAPE_REPETITIONS=400
+# PLAN_SHAPE_RESAMPLES=1000 [PLAN_SHAPE_PER_LEVEL=8] pytest tests/plan/test_shapes.py -k covers
+# -s. By default 40 repetitions at B = 200 per shape, 16 continuations per level (the CPU
+# sweep's default is 8, the GPU's 32): a side that misses more than 2 of 40 (5%) fails. The
+# seeds are fixed, so the count is too: 1, 1 and 0 of 40 below the interval now, 4, 2 and 3
+# with the percentile interval alone (which fails it). A nominal 2.5% side would exceed 2 of 40
+# by chance 12% of the time: a change to the plan that trips it needs the full-size command
+# above before its verdict is believed either way. At PLAN_SHAPE_PER_LEVEL=8 it fails by
+# design: the pessimistic end misses 6-7.5% there, which plan.md states (plan/writeup.py).
+REPETITIONS = int(os.environ.get("PLAN_SHAPE_REPETITIONS", "40"))
+RESAMPLES = int(os.environ.get("PLAN_SHAPE_RESAMPLES", "200"))
+PER_LEVEL = int(os.environ.get("PLAN_SHAPE_PER_LEVEL", "16"))
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_the_n_interval_covers_the_truth_on_each_side_per_shape(
+        truth: Any, make_sweep: Callable[..., Path], shape: str) -> None:
+    curve = type(truth)(**SHAPES[shape])
+    slo = curve.quantile(5.5, 0.9)
+    true_n = curve.agents_at(slo, 0.9)
+    below = above = 0  # the truth below the low end: the plan overstated capacity
+    for seed in range(REPETITIONS):
+        run = make_sweep(f"{shape}-{seed}", seed=seed, truth=curve, per_level=PER_LEVEL)
+        plan = build_plan(PlanConfig(run_dir=run, slo=f"p90:{slo:.3f}s", bootstrap=RESAMPLES,
+                                     seed=seed, plots=False, fleet_replicas=()))
+        low, high = plan.capacity["clean"].n_slo_ci
+        below += true_n < low
+        above += true_n > high
+    print(f"{shape}: true N {true_n:.2f}; {PER_LEVEL} continuations per level; over "
+          f"{REPETITIONS} repetitions at B = {RESAMPLES}, "
+          f"the truth fell below the interval {below / REPETITIONS:.3f} (capacity overstated) "
+          f"and above it {above / REPETITIONS:.3f}")
+    assert below <= REPETITIONS / 20 and above <= REPETITIONS / 20, (below, above)

@@ -254,6 +254,7 @@ def show(profile: str = "auto", *, port: int = DEFAULT_PORT, host: str = "127.0.
         f"#       pinned {p.vllm.pinned} ({p.vllm.pinned_reason})",
         f"# opt-in features: speculative decoding {spec}; expert parallelism "
         f"{'ON' if f.expert_parallel else 'off'}",
+        f"# live agents sample: {sampling_text(p)}",
         f"# regimes: shared {p.regimes.shared_users} users, overloaded {p.overloaded_users} "
         f"users, max_num_seqs {p.engine_args.max_num_seqs}",
         "# environment and command:"]
@@ -262,6 +263,17 @@ def show(profile: str = "auto", *, port: int = DEFAULT_PORT, host: str = "127.0.
     lines.append("# self-check, after /health and before any block or sweep:")
     lines += [f"#   {i}. {line}" for i, line in enumerate(selfcheck_plan(p), 1)]
     return "\n".join(lines)
+
+
+def sampling_text(p: Profile) -> str:
+    """A live agent's sampling on the profile, and where it comes from."""
+    if p.sampling is None:
+        return ("the suite's fallback, temperature 0.7 with tool calls, 1.0 with text actions "
+                "(the profile names no model card's values)")
+    sampled = ", ".join(f"{name} {value:g}" for name, value in (
+        ("temperature", p.sampling.temperature), ("top_p", p.sampling.top_p),
+        ("top_k", p.sampling.top_k)) if value is not None)
+    return f"{sampled} ({p.sampling.source})"
 
 
 def show_replicas(profile: str, replicas: int, policy: str, *, port: int = DEFAULT_PORT,

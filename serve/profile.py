@@ -90,6 +90,18 @@ class ModelSpec(_Strict):
         return self.served_names[1]
 
 
+class SamplingSpec(_Strict):
+    """How a live agent samples from the profile's model: the model card's values, since
+    greedy or off-card sampling changes how long a model reasons, which is the effect the suite
+    measures (replay forces recorded lengths and is not affected)."""
+
+    temperature: float = Field(ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = Field(default=None, ge=1, description="an engine extra (vLLM's top_k)")
+    source: str = Field(min_length=1, description="where the values come from: the model "
+                        "card, its generation_config.json, or why the suite chose them")
+
+
 class EngineSpec(_Strict):
     """vLLM engine arguments. Typed fields for what the suite reasons about, `extra_args` for
     anything else, passed through verbatim."""
@@ -221,6 +233,9 @@ class Profile(_Strict):
     features: FeatureSpec = Field(default_factory=FeatureSpec)
     env: dict[str, str] = Field(default_factory=dict)
     regimes: RegimeSpec
+    sampling: SamplingSpec | None = Field(
+        default=None, description="a live agent's sampling (the model card's); None: the "
+        "suite's fallback, 0.7 with tool calls and 1.0 with forced text actions, said as such")
 
     @model_validator(mode="after")
     def _consistent(self) -> Profile:

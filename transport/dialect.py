@@ -9,7 +9,8 @@ The suite speaks OpenAI's chat completions to every server, plus a few fields on
 - `return_token_ids`: the prompt's and completion's token ids come back (cache-break
   accounting);
 - `skip_special_tokens` off: a generated special token still arrives as text, so every token
-  is stamped (the device probes).
+  is stamped (the device probes);
+- `top_k`: a model card's sampling (Qwen3's top_k 20), which OpenAI's API lacks.
 
 A second engine (SGLang), or vLLM's next rename of one of these, changes this file and nothing
 else: every request body the suite builds takes these fields from here. The metrics the suite
@@ -32,6 +33,11 @@ def length(tokens: int, *, exact: bool = False) -> dict[str, Any]:
     """Generate `tokens` tokens whatever the model would stop at; `exact`: never fewer either."""
     return {"max_tokens": tokens, **({"min_tokens": tokens} if exact else {}),
             "ignore_eos": True}
+
+
+def top_k(k: int | None) -> dict[str, Any]:
+    """Sample from the `k` most likely tokens (a model card's top_k; nothing where None)."""
+    return {"top_k": k} if k is not None else {}
 
 
 def token_ids() -> dict[str, Any]:

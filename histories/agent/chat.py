@@ -44,6 +44,7 @@ from compaction_bench.histories.format.actions import BASH_ACTION_REGEX, STRUCTU
 from compaction_bench.histories.policies.base import HistoryPolicy
 from compaction_bench.histories.tasks.decision_protocol import parse_decision_actions
 from compaction_bench.serve.profile import Profile
+from compaction_bench.transport import dialect
 from compaction_bench.transport.client import (
     PreparedRequest,
     RequestRecord,
@@ -74,6 +75,8 @@ class ChatModelConfig(BaseModel):
     reasoning_mode: Literal["native", "tagged-visible"] = "native"
     structured_text: bool = False
     temperature: float = 0.0
+    top_p: float | None = None
+    top_k: int | None = None  # an engine extra (transport.dialect.top_k)
     max_tokens: int = 512
     seed: int | None = Field(
         default=0, description="base sampling seed: the k-th request of a run sends seed + k, "
@@ -196,6 +199,9 @@ class ChatModel:
         }
         if seed is not None:
             body["seed"] = seed
+        if self.config.top_p is not None:
+            body["top_p"] = self.config.top_p
+        body.update(dialect.top_k(self.config.top_k))
         if self.config.protocol == "tool_calls":
             body["tools"] = self.config.tools if self.config.tools is not None else [BASH_TOOL]
         elif self.config.structured_text:
@@ -243,15 +249,20 @@ class ChatModel:
 
 def config_for_profile(profile: Profile, url: str, seed: int = 0) -> ChatModelConfig:
     """The agent's model settings for a server profile: native tool calls for models that have
-    them; text actions forced by structured outputs for small models that do not.
+    them; text actions forced by structured outputs for small models that do not; sampling as
+    the profile's model card says (`profile.sampling`).
 
-    Sampling temperature 1.0 for the forced text protocol: SmolLM2 under forced actions is so
-    peaked that at 0.7 the first postfork reply was the same for 19 of 20 seeds (at 1.0, 11 of
-    20), and blocks are independent repeats only where the sampler can vary."""
+    Without a `[sampling]` table the suite falls back to temperature 0.7 with tool calls and 1.0
+    with forced text actions: SmolLM2 under forced actions is so peaked that at 0.7 the first
+    postfork reply was the same for 19 of 20 seeds (at 1.0, 11 of 20), and blocks are
+    independent repeats only where the sampler can vary."""
     text = not profile.model.tool_calls
+    sampling = profile.sampling
     return ChatModelConfig(
         api_url=api_url(url), model_name=profile.model.target_name,
         api_key=os.environ.get("API_KEY") or None,
         protocol="text" if text else "tool_calls", reasoning_mode=profile.model.reasoning,
-        structured_text=text, seed=seed, temperature=1.0 if text else 0.7,
+        structured_text=text, seed=seed,
+        temperature=sampling.temperature if sampling else 1.0 if text else 0.7,
+        top_p=sampling.top_p if sampling else None, top_k=sampling.top_k if sampling else None,
         max_tokens=256 if text else 4096)

@@ -131,11 +131,18 @@ def test_a_request_cut_by_an_interrupt_is_still_there_for_its_record(fake: FakeP
     exception that is not the request's failure; what had arrived stays available to the
     caller's handler (`partial`), so the cut request goes on record instead of vanishing."""
     client = StreamClient(read_timeout_s=60)
+    # Ctrl-C as a terminal delivers it: a background job of a non-interactive shell (how CI or
+    # nohup may start the suite) inherits SIGINT ignored, and the kill below would do nothing
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(0.5, os.kill, args=(os.getpid(), signal.SIGINT))
     timer.start()
-    with pytest.raises(KeyboardInterrupt):
-        client.send(prepare(fake.api_url, {"model": "target", "messages": MESSAGES, "fake": {
-            "stall_after_tokens": 2, "stall_s": 30}}, request_id="interrupted"))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            client.send(prepare(fake.api_url, {"model": "target", "messages": MESSAGES, "fake": {
+                "stall_after_tokens": 2, "stall_s": 30}}, request_id="interrupted"))
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGINT, previous)
     cut = client.partial("stopped: the load ended with this request in flight")
     client.close()
     assert cut is not None and cut.record.end_s is not None

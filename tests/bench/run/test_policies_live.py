@@ -65,6 +65,11 @@ def test_policy_arms_run_with_ledgers_and_exact_cache_accounting(cpu_server: Ser
     by_arm = {a["arm"]: a for a in cache["arms"]}
     assert by_arm["delete-all-thinking"]["n_agree"] == by_arm["delete-all-thinking"]["n_checked"]
     assert by_arm["clean"]["loss_old_text"] == 0  # clean never rewrites what it sent
+    # the block's own verdicts first: an invalid block (its load checks, e.g. a machine busy
+    # with other work) leaves the comparison without a pair, and this names why (a reverse-order
+    # tier run beside other tests once failed below with n == 0 and no reason shown)
+    (block,) = lines(run / "blocks.jsonl")
+    assert block["invalid_reasons"] == [], block["invalid_reasons"]
     policies = summary["policies"]["dedicated"]["arms"]
     assert set(policies) == set(ARMS) - {"clean"} and policies["entropy"]["postfork_s"]["n"] == 1
     report = (run / "report.md").read_text()

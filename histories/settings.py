@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from compaction_bench.common.net import DEFAULT_PORT
 from compaction_bench.histories.compaction.arms import SEED_ARMS
@@ -14,22 +14,15 @@ from compaction_bench.histories.compaction.judge import GATES
 from compaction_bench.histories.compaction.prompts import REWRITE_PROMPTS
 from compaction_bench.histories.policies.registry import POLICY_ARMS
 from compaction_bench.serve.profile import EXTERNAL_COMPRESSOR_PROFILE
+from compaction_bench.serve.settings import ServerTarget
 
 # `make histories` writes every arm the bench knows by a fixed name, plus the paper's random-30
 # and a compaction cadence of three turns.
 DEFAULT_ARMS = (*SEED_ARMS, *POLICY_ARMS, "self-every-3")
 
 
-class _Target(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class _Target(ServerTarget):
     task: str = Field(default="all", description="task id, or 'all' for every runnable task")
-    profile: str = Field(default="auto", description="the target's server profile ('auto': "
-                         "for this machine)")
-    port: int = Field(default=DEFAULT_PORT, ge=1, le=65535, description="the target server's "
-                      "port (started there when nothing answers)")
-    base_url: str | None = Field(default=None, description="use this OpenAI-compatible server "
-                                 "instead (with or without /v1)")
 
 
 class AcquireConfig(_Target):

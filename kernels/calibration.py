@@ -16,9 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from compaction_bench.common.net import DEFAULT_PORT
 from compaction_bench.common.provenance import cpu_model, host_facts
 from compaction_bench.kernels.costmodel import fit_phases
 from compaction_bench.kernels.fitreport import fit_lines
@@ -31,21 +30,15 @@ from compaction_bench.kernels.resultfile import (
     write_results,
 )
 from compaction_bench.kernels.shapes import shape_for_profile
+from compaction_bench.serve.settings import ServerTarget
 
 Say = Callable[[str], None]
 
 
-class CalibrationConfig(BaseModel):
-    """What `kernels run` does (`make kernels` variables; common/options.py)."""
+class CalibrationConfig(ServerTarget):
+    """What `kernels run` does (`make kernels` variables; common/options.py): it probes the
+    target server."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    profile: str = Field(default="auto", description="server profile; 'auto': for this "
-                         "machine")
-    port: int = Field(default=DEFAULT_PORT, ge=1, le=65535, description="the profile "
-                      "server's port")
-    base_url: str | None = Field(default=None, description="probe this server instead (with "
-                                 "or without /v1)")
     out_dir: Path | None = Field(default=None, description="where the results file goes "
                                  "(default kernels/results/)")
     micro: bool = Field(default=True, description="run the micro-benchmarks")

@@ -15,6 +15,20 @@ from compaction_bench.common.net import DEFAULT_PORT
 from compaction_bench.serve.router import DEFAULT_POLICY, ROUTER_POLICIES, policy_refusal
 
 
+class ServerTarget(BaseModel):
+    """The server a command talks to (histories, kernels): a profile's, started on `port` where
+    nothing answers there, or any OpenAI-compatible server at `base_url`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    profile: str = Field(default="auto", description="server profile name or .toml path; "
+                         "'auto': the one for this machine")
+    port: int = Field(default=DEFAULT_PORT, ge=1, le=65535, description="the profile server's "
+                      "port (started there where nothing answers)")
+    base_url: str | None = Field(default=None, description="use this OpenAI-compatible server "
+                                 "instead (with or without /v1)")
+
+
 class ServeConfig(BaseModel):
     """What `make serve` starts: one server of a profile, or replicas behind vLLM's router."""
 

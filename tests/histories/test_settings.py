@@ -56,7 +56,7 @@ def test_a_platforms_task_is_not_taken(tmp_path: Path) -> None:
     (["prompt=verbose"], "prompt: Value error, unknown prompt 'verbose'; use one of telegraphic"),
     (["external_port=0"], "external_port: Input should be greater than or equal to 1"),
     (["arms="], None),  # empty: not given, the default arms stand (and the task is missing)
-    (["armz=self"], "'armz=self': give settings as name=value with one of task"),
+    (["armz=self"], "'armz=self': give settings as name=value with one of profile"),
 ])
 def test_bad_arms_settings_are_refused_naming_the_setting(tmp_path: Path, words: list[str],
                                                           needle: str | None) -> None:

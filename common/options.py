@@ -15,7 +15,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from pydantic import BaseModel
 
-from compaction_bench.common.settings import configure, settings_lines
+from compaction_bench.common.settings import configure, settings_lines, settings_of
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -49,9 +49,13 @@ def settings_from(model: type[M], what: str, *, words: list[str] | None,
                   flags: Mapping[str, Any] | None = None,
                   given: Mapping[str, Any] | None = None) -> M:
     """The command's settings: defaults, the file, the environment (with `from_env`), the
-    words, then the flags given (None: not given) and what the command's arguments fix. An
+    words, then the flags given and what the command's arguments fix (`given`). `flags` is the
+    command's own parameters (typer's `ctx.params`): those named like a setting and given (not
+    None) are read as words after the others, so they win; the rest are left alone. An
     environment variable present but not taken is said on stderr, in one line each."""
-    fixed = {k: v for k, v in (flags or {}).items() if v is not None}
+    names = {setting.key for setting in settings_of(model)}
+    flag_words = [f"{name}={value}" for name, value in (flags or {}).items()
+                  if name in names and value is not None]
     return configure(model, what, file=file, env=os.environ if from_env else None,
-                     words=words or [], given={**fixed, **(given or {})},
+                     words=[*(words or []), *flag_words], given=given,
                      say=lambda line: typer.echo(line, err=True))

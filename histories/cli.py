@@ -71,6 +71,7 @@ RootOpt = Annotated[Path | None, typer.Option(
 
 @app.command("acquire")
 def acquire_cmd(
+    ctx: typer.Context,
     settings: Annotated[list[str] | None, typer.Argument(
         help=words_help("task=fix-median seed=3"), show_default=False)] = None,
     config_file: ConfigFile = None,
@@ -89,9 +90,7 @@ def acquire_cmd(
         show_settings(AcquireConfig)
         return
     c = settings_from(AcquireConfig, "histories acquire", words=settings, file=config_file,
-                      from_env=from_env, flags={
-        "task": task, "profile": profile, "port": port, "base_url": base_url, "seed": seed,
-        "fork_turn": fork_turn, "out": out})
+                      from_env=from_env, flags=ctx.params)
     chosen = resolve_profile(c.profile)
     root = c.out or histories_root()
     tasks = [load_task(t) for t in (runnable_tasks() if c.task == "all" else [c.task])]
@@ -130,6 +129,7 @@ def _needs_compressor(paths: list[Path]) -> bool:
 
 @app.command("arms")
 def arms_cmd(
+    ctx: typer.Context,
     settings: Annotated[list[str] | None, typer.Argument(
         help=words_help("arms=self,external task=fix-median"), show_default=False)] = None,
     config_file: ConfigFile = None,
@@ -162,13 +162,7 @@ def arms_cmd(
         show_settings(ArmsConfig)
         return
     c = settings_from(ArmsConfig, "histories arms", words=settings, file=config_file,
-                      from_env=from_env, flags={
-        "task": task, "root": root, "profile": profile, "port": port, "base_url": base_url,
-        "arms": None if arms is None else tuple(a.strip() for a in arms.split(",") if a.strip()),
-        "external_profile": external_profile, "external_port": external_port,
-        "external_url": external_url, "external_model": external_model, "prompt": prompt,
-        "cap_per_word": cap_per_word, "judge_url": judge_url, "judge_model": judge_model,
-        "gate": gate, "scorer": scorer, "scorer_device": scorer_device, "seed": seed})
+                      from_env=from_env, flags=ctx.params)
     task, root, profile, port, base_url = c.task, c.root, c.profile, c.port, c.base_url
     external_url, cap_per_word, seed = c.external_url, c.cap_per_word, c.seed
     specs = [parse_arm(a) for a in c.arms]  # an unknown name fails here, listing the known

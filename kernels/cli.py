@@ -26,6 +26,7 @@ app = typer.Typer(help="Measured device costs: micro-benchmarks, server probes, 
 
 @app.command()
 def run(
+    ctx: typer.Context,
     settings: Annotated[list[str] | None, typer.Argument(
         help=words_help("quick=1 seed=3 base_url=http://host:8000"), show_default=False)
     ] = None,
@@ -49,9 +50,7 @@ def run(
         show_settings(CalibrationConfig)
         return
     config = settings_from(CalibrationConfig, "kernels", words=settings, file=config_file,
-                           from_env=from_env, flags={
-        "profile": profile, "port": port, "base_url": base_url, "out_dir": out_dir,
-        "micro": micro, "probe": probe, "quick": quick, "seed": seed, "threads": threads})
+                           from_env=from_env, flags=ctx.params)
     calibrate(config, argv=["compaction-bench", *sys.argv[1:]], say=typer.echo)
 
 

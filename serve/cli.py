@@ -91,6 +91,7 @@ def _check(server: Server) -> SelfCheckReport:
 
 @app.command("serve")
 def serve(
+    ctx: typer.Context,
     settings: Annotated[list[str] | None, typer.Argument(
         help=words_help("port=8100 replicas=2 fast_start=1"), show_default=False)] = None,
     config_file: ConfigFile = None,
@@ -102,7 +103,7 @@ def serve(
     model: Annotated[str | None, alias("model")] = None,
     background: Annotated[bool | None, alias("background", "--background/--no-background")
                           ] = None,
-    timeout: Annotated[float | None, alias("timeout_s")] = None,
+    timeout_s: Annotated[float | None, alias("timeout_s", "--timeout")] = None,
     selfcheck: Annotated[bool | None, alias("selfcheck", "--selfcheck/--no-selfcheck")] = None,
     speculative: Annotated[bool | None, alias(
         "speculative", "--speculative/--no-speculative")] = None,
@@ -121,13 +122,7 @@ def serve(
         show_settings(ServeConfig)
         return
     serve_with(settings_from(ServeConfig, "serve", words=settings, file=config_file,
-                             from_env=from_env, flags={
-        "profile": profile, "port": port, "host": host, "model": model,
-        "background": background, "timeout_s": timeout, "selfcheck": selfcheck,
-        "speculative": speculative, "expert_parallel": expert_parallel,
-        "fast_start": fast_start, "dry_run": dry_run, "replicas": replicas,
-        "router_policy": router_policy, "replica_cpus": replica_cpus,
-        "replica_cpu_quota": replica_cpu_quota}))
+                             from_env=from_env, flags=ctx.params))
 
 
 def serve_with(c: ServeConfig) -> None:

@@ -228,9 +228,9 @@ class FleetRun:
 
 def session_id(level: int, agent: int, index: int, arm: str) -> str:
     """The X-Session-Id the sweep sends for this continuation (bench.run.block.arm_session of
-    bench.run.fleet.continuation_block), so the ring hashes exactly what the router will."""
+    bench.run.config.continuation_block), so the ring hashes exactly what the router will."""
     from compaction_bench.bench.run.block import arm_session
-    from compaction_bench.bench.run.fleet import continuation_block
+    from compaction_bench.bench.run.config import continuation_block
 
     return arm_session("sweep", continuation_block(level, agent, index), arm, "original")
 

@@ -24,7 +24,7 @@ import dataclasses
 import hashlib
 import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,19 +33,20 @@ import numpy as np
 from compaction_bench.bench.run.arm import Arm, AttemptContext, WireCheck
 from compaction_bench.bench.run.config import (
     REFERENCE,
+    SEARCH,
+    SWEEP,
     BenchConfig,
     arm_seed,
     cache_salt,
+    continuation_of,
 )
-from compaction_bench.bench.run.source import Attempt, Result, Source, source_of
+from compaction_bench.bench.run.source import Attempt, Result, Source
 from compaction_bench.bench.run.writer import RunWriter
 from compaction_bench.bench.runfolder import ArmRecord
 from compaction_bench.common.timing import Clock, monotonic
 from compaction_bench.histories.agent.chat import ChatModelConfig
 from compaction_bench.histories.compaction.ledger import Ledger
 from compaction_bench.histories.policies.base import HistoryPolicy
-from compaction_bench.histories.tasks.task import Task
-from compaction_bench.loadgen.background import ReplayOptions
 from compaction_bench.loadgen.replay import REPLAYED, ReplayResult
 from compaction_bench.transport import dialect
 from compaction_bench.transport.request import PreparedRequest, RequestRecord
@@ -70,7 +71,7 @@ class BlockSettings:
 
     config: BenchConfig
     run_id: str
-    task: Task | None  # None for replay: no agent, no workspace
+    source: Source  # where the run's continuations come from (bench/run/source.py)
     model: ChatModelConfig
     protocol: str  # strict | lenient
     block_size: int  # the server's KV block size (tokens), for the fork cache state
@@ -78,20 +79,26 @@ class BlockSettings:
     # CACHE=run: the run's one cache salt, unique to this run (a rerun under the same RUN_ID
     # must not find the earlier run's blocks) and kept on RESUME; None: the run id
     run_salt: str | None = None
-    # replay: how recorded turns reach the served model, and the sources blocks take in turn
-    replay_wire: ReplayOptions | None = None
+    # replay: the recordings blocks take in turn
     records: tuple[str, ...] = ()
-
-    @property
-    def source(self) -> Source:
-        """Where the run's continuations come from (bench/run/source.py)."""
-        return source_of(self.config, self.task, self.replay_wire)
+    # the names the run's server answers as (its profile's served names and the model asked
+    # for): a response naming another fails its arm (empty: not checked)
+    served_names: tuple[str, ...] = ()
 
     def record_for(self, block: int) -> str | None:
-        """The replay source block `block` replays (the records in turn, by the block's position
-        in its run under REPEAT); None for agents."""
+        """The recording block `block` replays (None for agents): the records in turn, by the
+        block's position in its run under REPEAT; in a sweep or a search, continuation k of
+        agent i replays record i + k, so the agents of a fleet replay different recordings at
+        once, as a real fleet's agents work on different tasks, and as the fleet model draws
+        its traces per agent. (Until 2026-12-07 every agent of a level replayed the same
+        recording in lockstep.)"""
+        if not self.records:
+            return None
+        if self.config.regime in (SWEEP, SEARCH):
+            _, agent, index = continuation_of(block)
+            return self.records[(agent + index) % len(self.records)]
         position = self.config.position(block)
-        return self.records[(position - 1) % len(self.records)] if self.records else None
+        return self.records[(position - 1) % len(self.records)]
 
 
 @dataclass(frozen=True)
@@ -120,11 +127,14 @@ def _sum(values: list[int | None]) -> int | None:
     return sum(known) if known else None
 
 
-def protocol_error(arm: Arm, result: Result, wire: WireCheck,
-                   policy: HistoryPolicy, protocol: str) -> tuple[str | None, str | None]:
-    """(error, phase) of the protocol check, or (None, None) when the arm passes."""
+def protocol_error(arm: Arm, result: Result, wire: WireCheck, policy: HistoryPolicy,
+                   protocol: str, served: tuple[str, ...] = ()) -> tuple[str | None, str | None]:
+    """(error, phase) of the protocol check, or (None, None) when the arm passes. `served`:
+    the names the run's server answers as (empty: not checked)."""
     if result.error is not None:
         return result.error, result.error_phase
+    if wrong := wrong_model(result.requests, served):
+        return wrong, "run"
     if wire.error is not None:
         return wire.error, "invariant"
     # an unchecked invariant (`not_checked`) has no body to hold the sent one to
@@ -144,11 +154,24 @@ def protocol_error(arm: Arm, result: Result, wire: WireCheck,
     return None, None
 
 
+def wrong_model(requests: Sequence[RequestRecord], served: tuple[str, ...]) -> str | None:
+    """The one-line error where a response names a model the run's server does not serve (a
+    hosted name now answered by another model, or BASE_URL at the wrong server); else None."""
+    found = next((r.served_model for r in requests
+                  if served and r.served_model and r.served_model not in served), None)
+    if found is None:
+        return None
+    return (f"WrongModelError: a response names the model '{found}', but this run's server "
+            f"serves {', '.join(repr(s) for s in served)}: another model answered; point "
+            "BASE_URL at the intended server, or fix the profile's served names")
+
+
 def arm_record(arm: Arm, result: Result, *, policy: HistoryPolicy, wire: WireCheck,
                settings: BlockSettings, regime: str, block: int, attempt: str, seed: int,
                salt: str | None, origin: float) -> ArmRecord:
     """One attempt's record: the protocol check and everything the analysis needs."""
-    error, phase = protocol_error(arm, result, wire, policy, settings.protocol)
+    error, phase = protocol_error(arm, result, wire, policy, settings.protocol,
+                                  settings.served_names)
     first = result.requests[0] if result.requests else None
     compactions = list(getattr(policy, "results", []))
     requests = [c for c in compactions if c.drafts]
@@ -177,16 +200,17 @@ def arm_record(arm: Arm, result: Result, *, policy: HistoryPolicy, wire: WireChe
         rewrite_prompt_tokens=_sum([c.prompt_tokens for c in requests]),
         rewrite_completion_tokens=_sum([c.completion_tokens for c in requests]),
         rewrite_failed_blocks=sum(c.outcome == "failed" for c in compactions),
-        invariant=dict(wire.report), **dict(arm.fork_rewrite), **_replay_fields(arm, result))
+        invariant=dict(wire.report), **dict(arm.fork_rewrite),
+        **_source_fields(settings.source.name, arm, result))
 
 
-def _replay_fields(arm: Arm, result: Result) -> dict[str, Any]:
-    """What a replayed attempt adds to its record: its source, what its continuation carries,
-    and how many forced outputs came back at exactly their recorded length."""
+def _source_fields(source: str, arm: Arm, result: Result) -> dict[str, Any]:
+    """The attempt's source (its SOURCE= name), and what a replayed one adds: what its
+    continuation carries and how many forced outputs came back at their recorded length."""
     if not isinstance(result, ReplayResult) or arm.replay is None:
-        return {"source": "agent"}
+        return {"source": source}
     plan = arm.replay[result.source]
-    return {"source": "replay", "record": result.source, "continuation": plan.continuation,
+    return {"source": source, "record": result.source, "continuation": plan.continuation,
             "forced_requests": len(result.requests), "forced_exact": result.forced_exact,
             "recorded_completion_tokens": plan.recorded_completion_tokens,
             "recorded_postfork_s": plan.recorded_wall_s, "tool_wait_s": result.tool_wait_s}

@@ -62,6 +62,7 @@ RUN_SETTINGS = ("regime", "source", "records", "side_by_side", "tool_time", "tas
                 "seed", "seeds", "cache", "protocol", "rewrite_cache", "step_limit", "prompt",
                 "blocks", "repeat", "external_url", "locust_workers", "locust_remote_workers",
                 "locust_master", "background_max_tokens", "speculative", "expert_parallel",
+                "kv_offload",
                 "stream_deadline_s", "compressor_deadline_s", "arm_wall_s", "sweep",
                 "fast_start", "token_ids", "router_policy", "slo", "search")
 
@@ -267,6 +268,9 @@ class BenchConfig(BaseModel):
                                      "speculative decoding (unset: as the profile has it)")
     expert_parallel: bool | None = Field(default=None, description="the profile's opt-in "
                                          "expert parallelism (unset: as the profile has it)")
+    kv_offload: bool | None = Field(default=None, description="the profile's opt-in KV-cache "
+                                    "offload to CPU memory (vLLM's OffloadingConnector; unset: "
+                                    "as the profile has it)")
     token_ids: bool = Field(default=True, description="ask for every arm request's token ids "
                             "(vLLM's return_token_ids) for cache-break accounting; 0 for a "
                             "server that refuses the field")
@@ -371,24 +375,6 @@ class BenchConfig(BaseModel):
         data = {**self.model_dump(exclude_unset=True), **taken}
         return BenchConfig.model_validate(data)
 
-    def for_profile(self, profile: Profile) -> BenchConfig:
-        """This config with the profile's defaults filled in: the source (replay where the
-        engine cannot run a reasoning model: CPU and the fake engine) and its default arms. The
-        manifest stores the result, so a run always says what it ran."""
-        source = self.source or ("agent" if profile.engine == "cuda" else "replay")
-        arms = self.arms or (REPLAY_ARMS if source == "replay" else AGENT_ARMS)
-        if source == "agent" and (bad := [a for a in arms if a in REPLAY_ONLY_ARMS]):
-            raise BenchError(f"arm {bad[0]} exists only for replay (source=replay): its "
-                             "history-only continuation reuses clean's recorded turns")
-        cache = self.cache or ("isolated" if source == "replay" else "shared")
-        together = self.side_by_side if self.side_by_side is not None else source == "agent"
-        sweep = self.sweep
-        if sweep.min_continuations is None:
-            sweep = sweep.model_copy(update={
-                "min_continuations": SWEEP_CONTINUATIONS[profile.engine]})
-        return self.model_copy(update={"source": source, "arms": arms, "cache": cache,
-                                       "side_by_side": together, "sweep": sweep})
-
     def position(self, block: int) -> int:
         """Block `block`'s position in its run under REPEAT (blocks interleave run by run): its
         seeds and replay record are those of that block of a run without REPEAT."""
@@ -414,12 +400,19 @@ def regime_users(regime: Regime, profile: Profile) -> int:
     return profile.overloaded_users
 
 
-def default_blocks(regime: Regime, profile: Profile, source: str | None = None) -> int:
-    if regime in (SWEEP, SEARCH):
-        raise ValueError(f"REGIME={regime} runs fleets of agents, not blocks")
-    if source == "replay" and profile.engine != "cuda":
-        return DEFAULT_REPLAY_BLOCKS[regime]
-    return DEFAULT_BLOCKS[profile.engine][regime]
+def continuation_block(level: int, agent: int, index: int) -> int:
+    """The block number of continuation `index` of `agent` at `level` (unique in a run; the
+    same for every arm, so arms share sampling seeds per (level, agent, index))."""
+    if not (0 <= agent < 10_000 and 0 <= index < 9_999):
+        raise ValueError(f"agent {agent} / continuation {index} out of range for a block number")
+    return (level * 10_000 + agent) * 10_000 + index + 1
+
+
+def continuation_of(block: int) -> tuple[int, int, int]:
+    """(level, agent, index) of a sweep continuation's block number (`continuation_block`)."""
+    rest, index = divmod(block - 1, 10_000)
+    level, agent = divmod(rest, 10_000)
+    return level, agent, index
 
 
 def derived_seed(run_seed: int, *labels: str | int) -> int:

@@ -19,21 +19,13 @@ import numpy as np
 
 from compaction_bench.bench.run.arm import Arm
 from compaction_bench.bench.run.block import BlockSettings, run_block
-from compaction_bench.bench.run.config import SWEEP, SweepSettings
+from compaction_bench.bench.run.config import SWEEP, SweepSettings, continuation_block
 from compaction_bench.bench.run.writer import RunWriter
 from compaction_bench.bench.runfolder import ArmRecord, BlockRecord
 from compaction_bench.common.timing import Clock, monotonic
 from compaction_bench.transport.client import RequestRecord
 
 PHASES = ("warmup", "measured", "drain")
-
-
-def continuation_block(level: int, agent: int, index: int) -> int:
-    """The block number of continuation `index` of `agent` at `level` (unique in a run; the
-    same for every arm, so arms share sampling seeds per (level, agent, index))."""
-    if not (0 <= agent < 10_000 and 0 <= index < 9_999):
-        raise ValueError(f"agent {agent} / continuation {index} out of range for a block number")
-    return (level * 10_000 + agent) * 10_000 + index + 1
 
 
 class _ContinuationWriter(RunWriter):

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from compaction_bench.bench.run.config import BenchConfig
+from compaction_bench.bench.run.source import kind_of
 from compaction_bench.common.paths import repo_root
 from compaction_bench.common.provenance import git_commit, package_versions
 from compaction_bench.serve.hardware import describe_host
@@ -67,14 +68,7 @@ def replica_shares(config: BenchConfig, url: str) -> list[dict[str, Any]]:
 
 def _notes(config: BenchConfig, profile: Profile) -> str:
     """What a run on the CPU default can show, said in its manifest and report."""
-    if profile.name != "cpu-tiny":
-        return ""
-    if config.source == "replay":
-        return ("cpu-tiny serving recorded reasoning-model turns: the recorded behaviour (its "
-                "lengths and histories) is priced on this server; the served model's own "
-                "reasoning is not what is measured")
-    return ("cpu-tiny: a 135M model that cannot reason; live agents test the machinery, not "
-            "the effect of compaction")
+    return kind_of(config.source or "replay").note() if profile.name == "cpu-tiny" else ""
 
 
 def history_hashes(paths: dict[str, Path]) -> dict[str, dict[str, Any]]:

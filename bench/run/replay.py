@@ -64,8 +64,9 @@ SCORER_MODEL = "embedded:smollm2-135m-instruct"  # tokenizes for the policies' l
 
 
 @dataclass(frozen=True)
-class ReplaySource:
-    """One fork's history files."""
+class Recording:
+    """One recording a replay run takes in turn, block by block: one fork's history files
+    (clean and its recorded branches)."""
 
     name: str
     folder: Path
@@ -102,7 +103,7 @@ def _folders(names: tuple[str, ...]) -> list[Path]:
     return list(dict.fromkeys(found))
 
 
-def find_sources(names: tuple[str, ...]) -> list[ReplaySource]:
+def find_sources(names: tuple[str, ...]) -> list[Recording]:
     """The replay sources RECORDS names (module docstring), each with its history files."""
     sources = []
     for folder in _folders(names):
@@ -116,7 +117,7 @@ def find_sources(names: tuple[str, ...]) -> list[ReplaySource]:
         histories = {arm: h for arm, h in histories.items()
                      if arm == REFERENCE or _recorded(h)}
         files = {arm: path for arm, path in files.items() if arm in histories}
-        sources.append(ReplaySource(folder.name, folder, histories, files))
+        sources.append(Recording(folder.name, folder, histories, files))
     return sources
 
 
@@ -125,7 +126,7 @@ def _recorded(history: History) -> bool:
     return any(m.get("role") == "assistant" for m in history.continuation)
 
 
-def source_hashes(sources: list[ReplaySource]) -> dict[str, dict[str, Any]]:
+def source_hashes(sources: list[Recording]) -> dict[str, dict[str, Any]]:
     """Every replayed file with its sha256 (fingerprint and manifest)."""
     return {f"{s.name}/{arm}": {"path": str(path),
                                 "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
@@ -142,7 +143,7 @@ def wire_options(profile: Profile) -> ReplayOptions:
                          send_tools=profile.model.tool_calls)
 
 
-def _plan(spec: ArmSpec, source: ReplaySource) -> ReplayPlan:
+def _plan(spec: ArmSpec, source: Recording) -> ReplayPlan:
     clean = source.clean
     if spec.kind == "reference":
         return recorded_plan(clean, source.name, spec.name)
@@ -156,12 +157,12 @@ def _plan(spec: ArmSpec, source: ReplaySource) -> ReplayPlan:
     return history_only_plan(clean, clean, source.name, spec.name)
 
 
-def live_policy(spec: ArmSpec, source: ReplaySource) -> bool:
+def live_policy(spec: ArmSpec, source: Recording) -> bool:
     """Whether the arm changes clean's history itself (a compressor or a rule), every turn."""
     return spec.kind not in ("reference", "history-only") and spec.name not in source.histories
 
 
-def replay_arms(config: BenchConfig, sources: list[ReplaySource],
+def replay_arms(config: BenchConfig, sources: list[Recording],
                 compressors: Mapping[str, CompressorConfig],
                 hooks: Mapping[str, Callable[[], None]]) -> list[Arm]:
     """One `Arm` per name, holding a plan for every source (module docstring)."""
@@ -183,7 +184,7 @@ def replay_arms(config: BenchConfig, sources: list[ReplaySource],
     return arms
 
 
-def _policies(spec: ArmSpec, sources: list[ReplaySource],
+def _policies(spec: ArmSpec, sources: list[Recording],
               compressors: Mapping[str, CompressorConfig],
               hooks: Mapping[str, Callable[[], None]]
               ) -> Callable[[AttemptContext], HistoryPolicy]:
@@ -216,7 +217,7 @@ def _policies(spec: ArmSpec, sources: list[ReplaySource],
     return new_policy
 
 
-def compressors_for(config: BenchConfig, sources: list[ReplaySource]) -> set[str]:
+def compressors_for(config: BenchConfig, sources: list[Recording]) -> set[str]:
     """The compressors some arm rewrites with live (none for the recorded branches)."""
     return {spec.compressor for spec in map(parse_arm, config.arms)
             if spec.compressor and any(live_policy(spec, s) for s in sources)}
@@ -235,24 +236,25 @@ class Fit:
     counted: str  # how the served prompts were counted
 
 
-def fit_sources(session: Any, wire: ReplayOptions) -> Fit:
-    """Tokenize every turn of every arm's plan on the server (`/tokenize`) and skip the sources
-    with a turn that does not fit the served model's context, each with its reason."""
+def fit_sources(profile: Profile, url: str, recordings: list[Recording], arms: list[Arm],
+                wire: ReplayOptions) -> Fit:
+    """Tokenize every turn of every arm's plan on the server at `url` (`/tokenize`) and skip
+    the recordings with a turn that does not fit the served model's context, each with its
+    reason."""
     import os
 
     from compaction_bench.loadgen.schedule import estimate_tokens, wire_messages
     from compaction_bench.serve.endpoints import EndpointError, ServerEndpoints
 
-    profile: Profile = session.profile
-    limit = _served_context(session.url) or profile.engine_args.max_model_len
+    limit = _served_context(url) or profile.engine_args.max_model_len
     served: dict[str, dict[str, list[int]]] = {}
     skipped: dict[str, str] = {}
     counted = "the server's /tokenize"
-    with ServerEndpoints(session.url, api_key=os.environ.get("API_KEY") or None,
+    with ServerEndpoints(url, api_key=os.environ.get("API_KEY") or None,
                          timeout_s=120.0) as server:
-        for source in session.sources:
+        for source in recordings:
             counts: dict[str, list[int]] = {}
-            for arm in session.arms:
+            for arm in arms:
                 assert arm.replay is not None
                 plan = arm.replay[source.name]
                 counts[arm.name] = []
@@ -290,7 +292,7 @@ def _served_context(url: str) -> int | None:
                  if isinstance(c.get("max_model_len"), int)), None)
 
 
-def recorded_figures(sources: list[ReplaySource]) -> dict[str, Any]:
+def recorded_figures(sources: list[Recording]) -> dict[str, Any]:
     """Per paired source (clean + external): the recording's own token figures and paired
     changes (histories/format/recorded.py), the study's `pair` for comparison, and where the
     record's reasoning change sits among its model's cases of the study's screens. Kept in the

@@ -25,6 +25,7 @@ from typing import Any, TextIO
 
 from compaction_bench.bench.run.config import BenchConfig, BenchError
 from compaction_bench.bench.run.session import Compare, RunKind, RunOutcome, Session
+from compaction_bench.bench.run.source import SourceKind
 from compaction_bench.bench.runfolder import ArmRecord, load_manifest
 from compaction_bench.common.errors import ExitCode, SuiteError
 from compaction_bench.common.interrupt import interrupt_on
@@ -59,8 +60,8 @@ class Routed:
         self.policy = policy
         self.fields = fields
 
-    def adjust(self, config: BenchConfig, profile: Profile) -> BenchConfig:
-        return self.inner.adjust(config, profile)
+    def adjust(self, config: BenchConfig, profile: Profile, source: SourceKind) -> BenchConfig:
+        return self.inner.adjust(config, profile, source)
 
     def prints(self, config: BenchConfig, profile: Profile) -> dict[str, Any]:
         return {**self.inner.prints(config, profile), "router_policy": self.policy}

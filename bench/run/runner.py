@@ -31,7 +31,6 @@ from compaction_bench.bench.run.config import (
     SEARCH,
     SWEEP,
     BenchConfig,
-    default_blocks,
     regime_users,
 )
 from compaction_bench.bench.run.hostwatch import HostSampler, span_host
@@ -45,6 +44,7 @@ from compaction_bench.bench.run.session import (
     Session,
     run_session,
 )
+from compaction_bench.bench.run.source import SourceKind, default_blocks
 from compaction_bench.bench.run.stop import RunStop
 from compaction_bench.bench.run.telemetry import run_telemetry, service_probe
 from compaction_bench.bench.run.watchdog import Watchdog
@@ -97,7 +97,7 @@ class Blocks:
         self.passes: dict[int, int] = {}
         self.probe: ServiceProbe | None = None
 
-    def adjust(self, config: BenchConfig, profile: Profile) -> BenchConfig:
+    def adjust(self, config: BenchConfig, profile: Profile, source: SourceKind) -> BenchConfig:
         return config
 
     def prints(self, config: BenchConfig, profile: Profile) -> dict[str, Any]:
@@ -120,9 +120,8 @@ class Blocks:
         config = session.config
         session.say(f"[bench] run {session.run_id}: {config.regime}, {self.users} background "
                     f"users, blocks {len(self.done)}/{self.total} already done, arms "
-                    f"{', '.join(config.arms)}, {config.source}"
-                    + (f" of {', '.join(config.records)}" if config.source == "replay" else "")
-                    + f", agent commands confined by {session.confinement} -> "
+                    f"{', '.join(config.arms)}, {session.kind.banner(config)}, agent commands "
+                    f"confined by {session.confinement} -> "
                     f"{session.run_dir}")
         return _blocks(self, session)
 

@@ -46,6 +46,7 @@ from compaction_bench.bench.run.config import REFERENCE, SWEEP, BenchConfig
 from compaction_bench.bench.run.fleet import run_cell
 from compaction_bench.bench.run.hostwatch import HostSampler
 from compaction_bench.bench.run.session import Session
+from compaction_bench.bench.run.source import SourceKind
 from compaction_bench.bench.run.sweep import (
     SWEEP_FILE,
     fleet_watch,
@@ -148,9 +149,9 @@ class Search:
         self.found = OnRecord()
         self.host: HostSampler | None = None  # the run's host sampler, while the cells run
 
-    def adjust(self, config: BenchConfig, profile: Profile) -> BenchConfig:
+    def adjust(self, config: BenchConfig, profile: Profile, source: SourceKind) -> BenchConfig:
         self.max_level = config.search.max_for(profile.engine_args.max_num_seqs)
-        return sweep_config(config, profile.engine)
+        return sweep_config(config, profile.engine, source)
 
     def prints(self, config: BenchConfig, profile: Profile) -> dict[str, Any]:
         return {"sweep": config.sweep.model_dump(mode="json"), "slo": config.slo,

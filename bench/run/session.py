@@ -2,8 +2,9 @@
 that blocks (bench/run/runner.py) and the load-response sweep (bench/run/sweep.py) share, so
 the two cannot drift apart.
 
-In order: the run's own settings on RESUME; the profile; the task and the sandbox; the arms'
-history files; the fingerprint (a resumed run must be the same run); the run folder; then,
+In order: the run's own settings on RESUME; the profile; what the run's source opens (its kind,
+bench/run/source.py: the task, the box and the arms' history files, or the recordings); the
+fingerprint (a resumed run must be the same run); the run folder; then,
 under the stop handlers (Ctrl-C, SIGTERM, the watchdog, unwritable records): the server, the
 compressors, the self-check, the arms, the model settings every arm request uses, the manifest,
 the writer; then the kind's own work (blocks or cells); then the report, still under the
@@ -23,28 +24,24 @@ from typing import Any, Protocol, TextIO
 
 from compaction_bench.bench.run.arm import Arm
 from compaction_bench.bench.run.block import BlockSettings
-from compaction_bench.bench.run.compressors import build_arms, open_compressors
-from compaction_bench.bench.run.config import BenchConfig, BenchError
+from compaction_bench.bench.run.compressors import open_compressors
+from compaction_bench.bench.run.config import BenchConfig
 from compaction_bench.bench.run.manifest import build_manifest, history_hashes, replica_shares
 from compaction_bench.bench.run.phases import PhaseLog
-from compaction_bench.bench.run.replay import (
-    ReplaySource,
-    compressors_for,
-    find_sources,
-    fit_sources,
-    recorded_figures,
-    replay_arms,
-    source_hashes,
-    wire_options,
-)
 from compaction_bench.bench.run.resume import (
     boot_id,
     clock_fields,
     fingerprint,
-    history_paths,
     open_run,
     resumed_config,
     resumed_origin,
+)
+from compaction_bench.bench.run.source import (
+    Opened,
+    SourceKind,
+    default_source,
+    kind_of,
+    with_source_defaults,
 )
 from compaction_bench.bench.run.stop import RunStop
 from compaction_bench.bench.run.telemetry import measured_router, selfcheck
@@ -53,11 +50,8 @@ from compaction_bench.bench.runfolder import ArmRecord, write_json
 from compaction_bench.common.errors import ExitCode, SuiteError
 from compaction_bench.common.files import RecordWriteError
 from compaction_bench.histories.agent.chat import ChatModelConfig, config_for_profile
-from compaction_bench.histories.agent.sandbox import Confinement, confinement
-from compaction_bench.histories.agent.workspace import workspace_limits
 from compaction_bench.histories.compaction.ledger import Ledger
-from compaction_bench.histories.tasks.task import Task, load_task
-from compaction_bench.loadgen.replay import describe_plan
+from compaction_bench.histories.tasks.task import Task
 from compaction_bench.serve.endpoints import server_version
 from compaction_bench.serve.launcher import ServerConfig, server_for
 from compaction_bench.serve.profile import Profile, resolve_profile
@@ -81,9 +75,8 @@ class Session:
 
     config: BenchConfig
     profile: Profile
-    task: Task | None  # None for replay
-    sandbox: Confinement | None  # None for replay: no agent runs a command
-    paths: dict[str, Path]  # every history file the arms read (fingerprint, manifest)
+    kind: SourceKind  # where the continuations come from (bench/run/source.py)
+    opened: Opened  # what it opened: the task and box, or the recordings
     run_id: str
     run_dir: Path
     manifest: dict[str, Any] | None  # the resumed run's manifest; None until a new one is made
@@ -95,14 +88,18 @@ class Session:
     arms: list[Arm] = field(default_factory=list)
     model: ChatModelConfig | None = None
     settings: BlockSettings | None = None
-    sources: list[ReplaySource] = field(default_factory=list)  # replay only
+
+    @property
+    def task(self) -> Task | None:
+        """The agents' task (None where no agent runs)."""
+        return self.opened.task
 
     @property
     def confinement(self) -> str:
         """What confines the agents' commands, for the banner."""
-        if self.sandbox is None:
-            return "nothing (replay runs no agent commands)"
-        return self.sandbox.level
+        if self.opened.sandbox is None:
+            return f"nothing ({self.kind.name} runs no agent commands)"
+        return self.opened.sandbox.level
 
     @property
     def hint(self) -> str:
@@ -127,8 +124,9 @@ class RunKind(Protocol):
 
     name: str
 
-    def adjust(self, config: BenchConfig, profile: Profile) -> BenchConfig:
-        """The config this kind runs with (the sweep's CPU step limit)."""
+    def adjust(self, config: BenchConfig, profile: Profile, source: SourceKind) -> BenchConfig:
+        """The config this kind runs with from `source` (the sweep's CPU arms and step
+        limit)."""
         ...
 
     def prints(self, config: BenchConfig, profile: Profile) -> dict[str, Any]:
@@ -159,32 +157,23 @@ def run_session(config: BenchConfig, kind: RunKind, *, stream: TextIO = sys.stde
     `SuiteError`; after it started they end the run with `aborted` set."""
     config = resumed_config(config)
     profile = resolve_profile(config.profile)
-    if config.speculative is not None or config.expert_parallel is not None:
+    if (config.speculative is not None or config.expert_parallel is not None
+            or config.kv_offload is not None):
         profile = profile.with_features(speculative=config.speculative,
+                                        kv_offload=config.kv_offload,
                                         expert_parallel=config.expert_parallel)
-    config = kind.adjust(config, profile).for_profile(profile)
-    task: Task | None = None
-    sandbox: Confinement | None = None
-    sources: list[ReplaySource] = []
-    if config.source == "replay":
-        sources = find_sources(config.records)
-        config = config.model_copy(update={"records": tuple(s.name for s in sources)})
-        paths = {name: Path(entry["path"]) for name, entry in source_hashes(sources).items()}
-    else:
-        task = load_task(config.task)
-        task.check_runnable()
-        sandbox = confinement()  # before anything starts: no unconfined agent unless asked
-        paths = history_paths(config.task, config.arms)
-    prints = {**fingerprint(config, profile, paths), **kind.prints(config, profile)}
-    if task is not None and sandbox is not None:  # a RESUME under a weaker box is another run
-        prints["sandbox"] = sandbox.record(workspace_limits(task))
+    source = kind_of(config.source or default_source(profile))
+    config = with_source_defaults(kind.adjust(config, profile, source), profile)
+    opened = source.open(config)
+    config = opened.config
+    prints = {**fingerprint(config, profile, opened.paths), **kind.prints(config, profile),
+              **source.fingerprint(opened)}
     run_id, run_dir, manifest = open_run(config, prints)
     origin = (resumed_origin(manifest, boot=boot_id(), monotonic_now=time.monotonic(),
                              wall_now=time.time()) if manifest else time.monotonic())
-    session = Session(config=config, profile=profile, task=task, sandbox=sandbox, paths=paths,
+    session = Session(config=config, profile=profile, kind=source, opened=opened,
                       run_id=run_id, run_dir=run_dir, manifest=manifest, origin=origin,
-                      stop=RunStop(), phases=PhaseLog(run_dir, origin), stream=stream,
-                      sources=sources)
+                      stop=RunStop(), phases=PhaseLog(run_dir, origin), stream=stream)
     records: list[ArmRecord] = []
     aborted: str | None = None
     found = None
@@ -226,32 +215,13 @@ def _setup(session: Session, stack: ExitStack, prints: dict[str, Any], kind: Run
         session.url = stack.enter_context(server_for(
             ServerConfig(profile=profile, port=config.port, fast_start=config.fast_start),
             config.base_url))
-    replaying = config.source == "replay"
-    needed = compressors_for(config, session.sources) if replaying else None
     compressors = stack.enter_context(open_compressors(
-        config, profile, session.url, session.run_dir, session.origin, phases, needed=needed))
+        config, profile, session.url, session.run_dir, session.origin, phases,
+        needed=session.kind.compressors(session.opened)))
     with phases.phase("selfcheck"):
         check = selfcheck(config, session.url, profile, session.run_dir)
-    replay_manifest: dict[str, Any] = {}
-    if replaying:
-        session.arms = replay_arms(config, session.sources, compressors.configs,
-                                   compressors.hooks)
-        with phases.phase("replay_fit"):
-            fits = fit_sources(session, wire_options(profile))
-        kept = tuple(s.name for s in session.sources if s.name not in fits.skipped)
-        if not kept:
-            raise BenchError("no replay source fits the served model: " + "; ".join(
-                f"{name}: {why}" for name, why in fits.skipped.items()))
-        replay_manifest = {"replay": {
-            "records": list(kept), "skipped": fits.skipped, "tool_time": config.tool_time,
-            "wire": wire_options(profile).model_dump(mode="json"),
-            "served_prompt_tokens": fits.served, "served_prompt_counted": fits.counted,
-            "max_model_len": fits.max_model_len,
-            "plans": {a.name: {name: describe_plan(plan) for name, plan in (
-                a.replay or {}).items()} for a in session.arms},
-            "recorded": recorded_figures(session.sources)}}
-    else:
-        session.arms = build_arms(config, session.paths, compressors)
+    setup = session.kind.setup(session.opened, profile, session.url, compressors, phases)
+    session.arms = setup.arms
     model = config_for_profile(profile, session.url, config.seed).model_copy(
         update={"request_timeout_s": config.stream_deadline_s})
     if config.token_ids:  # prompt and completion ids come back: cache-break accounting
@@ -263,26 +233,23 @@ def _setup(session: Session, stack: ExitStack, prints: dict[str, Any], kind: Run
         manifest = build_manifest(
             config, profile, run_id=session.run_id, api_url=session.url,
             server_version=server_version(session.url),
-            histories=history_hashes(session.paths), users=int(extra.pop("users")),
+            histories=history_hashes(session.opened.paths), users=int(extra.pop("users")),
             blocks=int(extra.pop("blocks")))
         manifest.update({**clock_fields(session.origin), "fingerprint": prints,
                          "structured_text": model.structured_text, "selfcheck": check,
-                         "sandbox": prints["sandbox"] if session.sandbox else {
-                             "level": "not needed", "why": "replay runs no agent commands"},
-                         **replay_manifest, **_router(config), **extra})
+                         **setup.manifest, **_router(config), **extra})
         manifest["server"]["replicas"] = replica_shares(config, session.url)
         write_json(session.run_dir / "manifest.json", manifest)
         session.manifest = manifest
     session.settings = BlockSettings(
-        config=config, run_id=session.run_id, task=session.task, model=model,
+        config=config, run_id=session.run_id, source=setup.source, model=model,
         protocol=config.protocol_for(profile),
         block_size=profile.engine_args.block_size or DEFAULT_KV_BLOCK,
         ledger=Ledger(session.run_dir / "ledger.jsonl"),
         # CACHE=run and isolated salts: unique to this run (its clock origin, which the
         # manifest keeps for RESUME), so a rerun under the same RUN_ID starts cold
-        run_salt=f"{session.run_id}-{session.origin:.6f}",
-        replay_wire=wire_options(profile) if replaying else None,
-        records=tuple(replay_manifest["replay"]["records"]) if replaying else ())
+        run_salt=f"{session.run_id}-{session.origin:.6f}", records=setup.records,
+        served_names=tuple(dict.fromkeys((model.model_name, *profile.model.served_names))))
 
 
 def _router(config: BenchConfig) -> dict[str, Any]:

@@ -48,6 +48,7 @@ from compaction_bench.bench.run.config import REFERENCE, SWEEP, BenchConfig
 from compaction_bench.bench.run.fleet import CellOutcome, run_cell
 from compaction_bench.bench.run.hostwatch import HostSampler, span_host
 from compaction_bench.bench.run.session import Session
+from compaction_bench.bench.run.source import SourceKind
 from compaction_bench.bench.run.stop import RunStop
 from compaction_bench.bench.run.telemetry import run_telemetry
 from compaction_bench.bench.run.watchdog import Watchdog
@@ -58,15 +59,6 @@ from compaction_bench.serve.endpoints import ServerEndpoints, is_healthy
 from compaction_bench.serve.profile import Profile
 
 SWEEP_FILE = "sweep.jsonl"
-# On a CPU the embedded model cannot reason, so the sweep only shows the machinery: two model
-# calls per continuation and the two arms on the one server keep `make bench REGIME=sweep`
-# (levels 1..8) to minutes (with the task's step limit and three arms it took 20 min on 2
-# cores). GPU profiles keep the task's step limit and the run's arms.
-CPU_STEP_LIMIT = 2
-CPU_ARMS = ("clean", "self")
-# Replay on a CPU: the two recorded branches (clean, and the study's rewritten one), whose
-# fleets price the recorded behaviour of each on this server.
-CPU_REPLAY_ARMS = ("clean", "external")
 
 
 def finished_cells(run_dir: Path, *, remeasure_contended: bool = False
@@ -106,17 +98,14 @@ def server_cache_config(url: str) -> dict[str, str]:
         return server.cache_config()
 
 
-def sweep_config(config: BenchConfig, engine: str) -> BenchConfig:
-    """The config a sweep runs with: on a CPU, live agents get a short step limit and the arms
-    on the one server, replay the two recorded branches, unless given (STEP_LIMIT=, ARMS=)."""
+def sweep_config(config: BenchConfig, engine: str, source: SourceKind) -> BenchConfig:
+    """The config a sweep runs with. On a CPU the embedded model cannot reason, so the sweep
+    only shows the machinery: the source's CPU defaults (its arms, a live agent's short step
+    limit; bench/run/source.py `cpu_sweep`) keep `make bench REGIME=sweep` to minutes, unless
+    given (STEP_LIMIT=, ARMS=). GPU profiles keep the task's step limit and the run's arms."""
     if engine != "cpu":
         return config
-    replaying = (config.source or "replay") == "replay"
-    update: dict[str, Any] = {}
-    if config.step_limit is None and not replaying:
-        update["step_limit"] = CPU_STEP_LIMIT
-    if not config.arms:
-        update["arms"] = CPU_REPLAY_ARMS if replaying else CPU_ARMS
+    update = {k: v for k, v in source.cpu_sweep if getattr(config, k) in (None, ())}
     return config.model_copy(update=update) if update else config
 
 
@@ -133,9 +122,9 @@ class Sweep:
         self.done: set[tuple[str, int]] = set()
         self.passes: dict[tuple[str, int], int] = {}
 
-    def adjust(self, config: BenchConfig, profile: Profile) -> BenchConfig:
+    def adjust(self, config: BenchConfig, profile: Profile, source: SourceKind) -> BenchConfig:
         self.levels = config.sweep.levels_for(profile.engine_args.max_num_seqs)
-        return sweep_config(config, profile.engine)
+        return sweep_config(config, profile.engine, source)
 
     def prints(self, config: BenchConfig, profile: Profile) -> dict[str, Any]:
         return {"sweep": {**config.sweep.model_dump(mode="json"), "levels": list(self.levels)}}

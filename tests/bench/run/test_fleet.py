@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import threading
 
-from compaction_bench.bench.run.fleet import Fleet, continuation_block
+from compaction_bench.bench.run.config import continuation_block, continuation_of
+from compaction_bench.bench.run.fleet import Fleet
 
 
 def test_continuation_numbers_are_unique_and_shared_across_arms() -> None:
@@ -13,6 +14,37 @@ def test_continuation_numbers_are_unique_and_shared_across_arms() -> None:
                for k in range(12)}
     assert len(numbers) == sum(n for n in (1, 2, 64)) * 12
     assert continuation_block(8, 3, 2) == 800030003
+    assert all(continuation_of(continuation_block(n, a, k)) == (n, a, k)
+               for n in (1, 8, 64) for a in range(n) for k in (0, 1, 11))
+
+
+def test_a_fleets_agents_replay_different_recordings_at_once() -> None:
+    """At each continuation index the agents of a level replay different recordings (agent i,
+    continuation k: record i + k), and each agent still takes every recording in turn; a block
+    regime keeps the records in turn by block. Before, every agent of a level replayed the same
+    recording at the same index: a lockstep no real fleet has."""
+    from compaction_bench.bench.run.block import BlockSettings
+    from compaction_bench.bench.run.config import BenchConfig
+    from compaction_bench.bench.run.source import ReplaySource
+    from compaction_bench.histories.agent.chat import ChatModelConfig
+    from compaction_bench.histories.compaction.ledger import Ledger
+    from compaction_bench.loadgen.background import ReplayOptions
+
+    records = ("a", "b", "c", "d")
+
+    def settings(regime: str) -> BlockSettings:
+        config = BenchConfig(regime=regime)
+        return BlockSettings(config=config, run_id="r", source=ReplaySource(
+            config, ReplayOptions()), model=ChatModelConfig(api_url="http://x/v1"),
+            protocol="lenient", block_size=16, ledger=Ledger(), records=records)
+
+    sweep = settings("sweep")
+    at_once = [sweep.record_for(continuation_block(4, agent, 5)) for agent in range(4)]
+    assert sorted(at_once) == list(records)  # four agents, four recordings at index 5
+    assert [sweep.record_for(continuation_block(4, 2, k)) for k in range(4)] == ["c", "d", "a",
+                                                                                 "b"]
+    blocks = settings("dedicated")
+    assert [blocks.record_for(b) for b in (1, 2, 3, 4, 5)] == ["a", "b", "c", "d", "a"]
 
 
 class Clock:

@@ -19,6 +19,7 @@ import pytest
 from compaction_bench.bench.run.arm import Arm, arm_for
 from compaction_bench.bench.run.block import NO_CLEAN, BlockSettings, run_block
 from compaction_bench.bench.run.config import BenchConfig
+from compaction_bench.bench.run.source import AgentSource
 from compaction_bench.bench.run.writer import RunWriter
 from compaction_bench.common.paths import histories_root, repo_root
 from compaction_bench.histories.agent.chat import config_for_profile
@@ -53,9 +54,9 @@ def test_an_arm_alone_is_checked_against_clean_or_recorded_as_not_checked(
     task = load_task("fix-median")
     history = load_history(histories_root() / "fix-median" / "clean.json")
     clean = arm_for("clean", history, compressors={})
+    config = BenchConfig(regime="dedicated", task=task.id, arms=("clean",), step_limit=1)
     settings = BlockSettings(
-        config=BenchConfig(regime="dedicated", task=task.id, arms=("clean",), step_limit=1),
-        run_id="inv", task=task,
+        config=config, run_id="inv", source=AgentSource(config, task),
         model=config_for_profile(load_profile("cpu-tiny"), fake.api_url, seed=5),
         protocol="lenient", block_size=16, ledger=Ledger())
     writer = RunWriter(tmp_path, origin=0.0)

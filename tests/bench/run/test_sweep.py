@@ -7,8 +7,13 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from compaction_bench.bench.run.config import BenchConfig, BenchError, SweepSettings
-from compaction_bench.bench.run.fleet import continuation_block
+from compaction_bench.bench.run.config import (
+    BenchConfig,
+    BenchError,
+    SweepSettings,
+    continuation_block,
+)
+from compaction_bench.bench.run.source import with_source_defaults
 from compaction_bench.bench.run.sweep import SWEEP_FILE, finished_cells
 from compaction_bench.bench.runfolder import ArmRecord, write_records
 from compaction_bench.common.files import JsonlWriter
@@ -31,11 +36,11 @@ def test_continuations_per_level_default_to_what_lolo_needs_on_gpu_and_8_on_cpu(
     with pytest.raises(BenchError, match="SWEEP_MIN_CONTINUATIONS"):
         _ = sweep.sweep.continuations  # unresolved: never a silent fallback
     gpu = load_profile("b300-deepseek-v4-flash-nvfp4")
-    assert sweep.for_profile(gpu).sweep.continuations == 32
-    assert sweep.for_profile(load_profile("cpu-tiny")).sweep.continuations == 8
-    assert sweep.for_profile(load_profile("fake-fleet")).sweep.continuations == 8
+    assert with_source_defaults(sweep, gpu).sweep.continuations == 32
+    assert with_source_defaults(sweep, load_profile("cpu-tiny")).sweep.continuations == 8
+    assert with_source_defaults(sweep, load_profile("fake-fleet")).sweep.continuations == 8
     given = BenchConfig(regime="sweep", sweep={"min_continuations": 5})
-    assert given.for_profile(gpu).sweep.continuations == 5
+    assert with_source_defaults(given, gpu).sweep.continuations == 5
 
 
 def test_resume_skips_finished_cells_and_reruns_a_cut_one_as_its_next_pass(tmp_path: Path

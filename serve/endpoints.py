@@ -9,8 +9,8 @@ What a caller cannot do without (the `/metrics` text for a sampler, tokens for a
 probe) raises `EndpointError`, its message naming the URL and what came back.
 
 `/metrics` is vLLM's Prometheus exposition, read with prometheus_client's parser:
-- `parse_metrics` gives the bench's fields (`FIELDS`), summed over label sets (model names,
-  engines), None for a metric the server does not export;
+- `parse_metrics` gives the bench's fields (`FIELDS`: vLLM's names, serve/engines/vllm.py),
+  summed over label sets (model names, engines), None for a metric the server does not export;
 - `cache_config` gives the labels of the `vllm:cache_config_info` gauge: the engine's effective
   cache arguments (block size, prefix caching, retention interval, KV blocks).
 """
@@ -25,22 +25,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from compaction_bench.common.errors import SuiteError
 from compaction_bench.common.net import api_url, server_url
-
-# field -> (metric family names, newest first; sample suffix)
-FIELDS: dict[str, tuple[tuple[str, ...], str]] = {
-    "num_requests_running": (("vllm:num_requests_running",), ""),
-    "num_requests_waiting": (("vllm:num_requests_waiting",), ""),
-    "kv_cache_usage": (("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"), ""),
-    "prefix_cache_hits": (("vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits"), "_total"),
-    "prefix_cache_queries": (("vllm:prefix_cache_queries", "vllm:gpu_prefix_cache_queries"),
-                             "_total"),
-    "num_preemptions": (("vllm:num_preemptions",), "_total"),
-    "generation_tokens": (("vllm:generation_tokens",), "_total"),
-    "queue_time_sum_s": (("vllm:request_queue_time_seconds",), "_sum"),
-    "queue_time_count": (("vllm:request_queue_time_seconds",), "_count"),
-    # requests answered to the end: per replica, what infers which replica served a request
-    "requests_finished": (("vllm:request_success",), "_total"),
-}
+from compaction_bench.serve.engines.vllm import CACHE_CONFIG_METRIC
+from compaction_bench.serve.engines.vllm import METRICS as FIELDS
 
 
 class EndpointError(SuiteError):
@@ -65,7 +51,7 @@ def cache_config(metrics_text: str | None) -> dict[str, str]:
     if not metrics_text:
         return {}
     for family in text_string_to_metric_families(metrics_text):
-        if family.name == "vllm:cache_config_info":
+        if family.name == CACHE_CONFIG_METRIC:
             for sample in family.samples:
                 return dict(sample.labels)
     return {}

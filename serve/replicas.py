@@ -24,12 +24,11 @@ from typing import Any
 
 from compaction_bench.common.errors import SuiteError
 from compaction_bench.common.interrupt import interrupt_on
-from compaction_bench.serve.command import cpu_list
 from compaction_bench.serve.endpoints import ServerEndpoints
 from compaction_bench.serve.hardware import detect_gpus
 from compaction_bench.serve.launcher import Server, ServerConfig, check_port
 from compaction_bench.serve.router import Router, RouterConfig, routed_counts
-from compaction_bench.serve.share import NO_SHARE, HostShare, host_share, share_cpus
+from compaction_bench.serve.share import NO_SHARE, HostShare, cpu_list, host_share, share_cpus
 
 
 class ReplicaError(SuiteError):

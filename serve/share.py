@@ -280,3 +280,14 @@ def _kill_members(path: Path) -> None:
         for pid in map(int, (path / "cgroup.procs").read_text().split()):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def cpu_list(cpus: tuple[int, ...]) -> str:
+    """(0, 1, 2, 5) -> '0-2,5': the form taskset and VLLM_CPU_OMP_THREADS_BIND take."""
+    parts: list[str] = []
+    for cpu in sorted(set(cpus)):
+        if parts and parts[-1].split("-")[-1] == str(cpu - 1):
+            parts[-1] = f"{parts[-1].split('-')[0]}-{cpu}"
+        else:
+            parts.append(str(cpu))
+    return ",".join(parts)

@@ -48,8 +48,19 @@ def test_parse_sums_label_sets() -> None:
                       "kv_cache_usage": 0.25, "prefix_cache_hits": 1664.0,
                       "prefix_cache_queries": 2884.0, "num_preemptions": 2.0,
                       "queue_time_sum_s": 3.5, "queue_time_count": 10.0,
-                      "generation_tokens": 777.0, "requests_finished": 10.0}
+                      "generation_tokens": 777.0, "requests_finished": 10.0,
+                      # speculative decoding off: its counters are not exported, so None
+                      "spec_decode_drafts": None, "spec_decode_draft_tokens": None,
+                      "spec_decode_accepted_tokens": None}
     assert parse_metrics("")["num_requests_waiting"] is None
+    # with it on (vLLM 0.32's names, vllm/v1/spec_decode/metrics.py), summed over engines
+    spec = parse_metrics(
+        'vllm:spec_decode_num_drafts_total{engine="0",model_name="target"} 40.0\n'
+        'vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="target"} 120.0\n'
+        'vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="target"} 70.0\n'
+        'vllm:spec_decode_num_accepted_tokens_total{engine="1",model_name="target"} 2.0\n')
+    assert (spec["spec_decode_drafts"], spec["spec_decode_draft_tokens"],
+            spec["spec_decode_accepted_tokens"]) == (40.0, 120.0, 72.0)
 
 
 def test_cache_config_is_the_info_gauge_labels() -> None:

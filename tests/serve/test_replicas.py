@@ -11,11 +11,12 @@ from compaction_bench.bench.run.block import arm_session
 from compaction_bench.bench.run.config import BenchConfig
 from compaction_bench.bench.run.telemetry import replica_targets
 from compaction_bench.loadgen.replica_metrics import infer_replicas
-from compaction_bench.serve.command import ServerConfig, build_command, build_env, cpu_list
+from compaction_bench.serve.command import ServerConfig, build_command, build_env
 from compaction_bench.serve.process import pid_file, write_pid_file
 from compaction_bench.serve.profile import load_profile
 from compaction_bench.serve.replicas import ReplicaError, cpu_shares, gpu_shares, replica_configs
 from compaction_bench.serve.router import RouterConfig, local_fleet, router_command
+from compaction_bench.serve.share import cpu_list
 from compaction_bench.transport.request import SESSION_HEADER, prepare
 
 

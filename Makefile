@@ -27,7 +27,7 @@ UV := $(VENV)/bin/uv
 run_path = $(if $(wildcard $(1)),$(1),results/$(1))
 
 .PHONY: help install serve stop profiles histories import bench bench-settings report compare fleet-truth \
-  report-study plan plan-check kernels kernels-gpu faults bench-client bench-redaction test test-unit \
+  report-study plan plan-check gpu-check kernels kernels-gpu faults bench-client bench-redaction test test-unit \
   test-e2e test-integration lint docs clean
 
 help:
@@ -50,6 +50,7 @@ help:
 	@echo "make plan RUN=<id> [SLO=p90:2x] [AGENTS=n] [GPU_HOUR_USD=x] [FLEET_REPLICAS=2,4,8]   GPU capacity plan, fleets per policy"
 	@echo "make plan-check PLAN=<id> RUNS=\"<id>...\"   the plan checked through the router"
 	@echo "make fleet-truth [REPLICAS=2,4,8] [SLOTS=n] ...   the fleet plan against fake replicas of known capacity"
+	@echo "make gpu-check [PROFILE=...]   serve, self-check, NVML, 2 replay blocks, 1 agent block: a checklist"
 	@echo "make kernels [BASE_URL=...]  |  make kernels-gpu   measured device costs"
 	@echo "make faults [ONLY=...] [JOBS=3]    every fault row injected, records lost per row"
 	@echo "make bench-client  |  make bench-redaction   the suite's own parts, measured"
@@ -94,7 +95,7 @@ serve: install
 	$(CB) serve --from-env $(if $(CONFIG),--config $(CONFIG))
 
 stop: install
-	$(CB) stop $(if $(filter command line,$(origin PORT)),--port $(PORT))
+	$(CB) stop --from-env
 
 profiles: install
 	$(CB) profiles
@@ -105,7 +106,7 @@ histories: install
 
 import: install
 	@test -n "$(FILE)" || { echo "usage: make import FILE=<trajectory or message log> [FORK=<message index>] [OUT=<dir>/<task>/clean.json] [TASK=<id>]"; exit 2; }
-	$(CB) histories import $(FILE) $(OUT) $(if $(FORK),--fork $(FORK)) $(if $(TASK),--task $(TASK))
+	$(CB) histories import $(FILE) $(OUT) --from-env
 
 bench: install
 	$(CB) bench --from-env $(if $(CONFIG),--config $(CONFIG))
@@ -115,14 +116,14 @@ bench-settings: install
 
 report: install
 	@test -n "$(RUN)" || { echo "usage: make report RUN=<run-id> (a folder under results/)"; exit 2; }
-	$(CB) report $(call run_path,$(RUN))
+	$(CB) report $(call run_path,$(RUN)) --from-env
 
 compare: install
 	@test -n "$(RUNS)" || { echo 'usage: make compare RUNS="<run-id> <run-id> ..."'; exit 2; }
-	$(CB) compare $(foreach r,$(RUNS),$(call run_path,$(r)))
+	$(CB) compare $(foreach r,$(RUNS),$(call run_path,$(r))) --from-env
 
 report-study: install
-	$(CB) report-study
+	$(CB) report-study --from-env
 
 # Plan settings are make variables named like the setting (`make plan RUN=x SLO=p90:120s
 # FLEET_REPLICAS=2,4,8`; the list: `compaction-bench plan --settings`), read by --from-env.
@@ -130,10 +131,13 @@ plan: install
 	@test -n "$(RUN)" || { echo "usage: make plan RUN=<run-id> [SLO=p90:2x|p90:120s] [AGENTS=100] [GPU_HOUR_USD=x] [COMPRESSOR_USD_PER_MTOK=x] [COSTMODEL=kernels/results/<file>.json] [PREDICT_DEVICE=...] [FLEET_REPLICAS=2,4,8|none] [FLEET_POLICIES=...] [REPLICA_URLS=...]  (all: compaction-bench plan --settings)"; exit 2; }
 	$(CB) plan $(call run_path,$(RUN)) --from-env
 
+gpu-check: install
+	$(CB) gpu-check --from-env
+
 plan-check: install
 	@test -n "$(PLAN)" -a -n "$(RUNS)" || { echo "usage: make plan-check PLAN=<one-replica sweep run, planned first with make plan> RUNS=\"<sweep run through the router>...\" [REPLICAS=n]  (the check uses the plan's own settings, from PLAN's plan.json)"; exit 2; }
 	$(CB) plan-check $(call run_path,$(PLAN)) $(foreach r,$(RUNS),$(call run_path,$(r))) \
-	  $(if $(REPLICAS),--replicas $(REPLICAS))
+	  --from-env
 
 # The fleet plan against fleets of fake replicas of known capacity behind the real router
 # (plan/truth.py): REPLICAS, POLICIES, ARMS, SLOTS, PREFILL_MS_PER_TOKEN, CACHE_DISCOUNT,
@@ -149,7 +153,7 @@ kernels-gpu: install
 	PY=$(PY) kernels/device_check.sh
 
 faults: install
-	$(CB) faults $(if $(ONLY),--only "$(ONLY)") $(if $(JOBS),--jobs $(JOBS))
+	$(CB) faults --from-env
 
 bench-client: install
 	$(CB) measure client

@@ -10,14 +10,17 @@ from typing import Annotated
 
 import typer
 
+from compaction_bench.bench.report.settings import CompareConfig, ReportConfig, StudyReportConfig
 from compaction_bench.bench.run.config import BenchConfig
 from compaction_bench.common.errors import ExitCode
 from compaction_bench.common.options import (
     ConfigFile,
     FromEnv,
     ShowSettings,
+    alias,
     settings_from,
     show_settings,
+    split_words,
     words_help,
 )
 
@@ -28,9 +31,6 @@ app = typer.Typer(
     help="Run blocks under a regime, and analyse run folders: reports, comparisons and the "
     "study's own numbers.",
 )
-
-Seed = Annotated[int, typer.Option(help="Seed of the bootstrap resampling.")]
-
 
 def _print_files(files: object) -> None:
     from compaction_bench.bench.report.run_report import ReportFiles
@@ -95,40 +95,102 @@ def run(
 
 @app.command()
 def report(
-    run_dir: Annotated[Path, typer.Argument(help="Run folder, e.g. results/<run-id>.")],
-    seed: Seed = 0,
+    ctx: typer.Context,
+    run_dir: Annotated[Path | None, typer.Argument(
+        help="Run folder, e.g. results/<run-id>.", show_default=False)] = None,
+    settings: Annotated[list[str] | None, typer.Argument(help=words_help("seed=3"),
+                                                         show_default=False)] = None,
+    config_file: ConfigFile = None,
+    from_env: FromEnv = False,
+    show: ShowSettings = False,
+    seed: Annotated[int | None, alias("seed")] = None,
 ) -> None:
     """Write report.md, report.html, plots/, requests.parquet and summary.json into RUN_DIR."""
     from compaction_bench.bench.report.run_report import write_report
 
-    _print_files(write_report(run_dir, seed=seed))
+    if show:
+        show_settings(ReportConfig)
+        return
+    if run_dir is None:
+        raise typer.BadParameter("give the run folder: compaction-bench report results/<id>",
+                                 param_hint="RUN_DIR")
+    c = settings_from(ReportConfig, "report", words=settings, file=config_file,
+                      from_env=from_env, flags=ctx.params)
+    _print_files(write_report(run_dir, seed=c.seed))
 
 
 @app.command()
 def compare(
-    run_dirs: Annotated[list[Path], typer.Argument(help="Two or more run folders.")],
-    out: Annotated[
-        Path | None, typer.Option(help="Write the comparison Markdown here instead of printing.")
-    ] = None,
-    seed: Seed = 0,
+    ctx: typer.Context,
+    args: Annotated[list[str] | None, typer.Argument(
+        help="Two or more run folders, then any settings as name=value (out=cmp.md seed=3).",
+        show_default=False)] = None,
+    config_file: ConfigFile = None,
+    from_env: FromEnv = False,
+    show: ShowSettings = False,
+    out: Annotated[Path | None, alias("out")] = None,
+    seed: Annotated[int | None, alias("seed")] = None,
 ) -> None:
     """Put runs of the same task and arms side by side in one table."""
     from compaction_bench.bench.report.compare import compare_runs
 
-    text = compare_runs(run_dirs, out, seed=seed)
-    typer.echo(f"comparison: {out}" if out is not None else text)
+    if show:
+        show_settings(CompareConfig)
+        return
+    paths, words = split_words(args)
+    if not paths:
+        raise typer.BadParameter("give the run folders: compaction-bench compare results/<a> "
+                                 "results/<b>", param_hint="RUN_DIRS")
+    c = settings_from(CompareConfig, "compare", words=words, file=config_file,
+                      from_env=from_env, flags=ctx.params)
+    text = compare_runs([Path(p) for p in paths], c.out, seed=c.seed)
+    typer.echo(f"comparison: {c.out}" if c.out is not None else text)
 
 
 @app.command("report-study")
 def report_study_command(
-    source: Annotated[Path | None, typer.Option(
-        help="The study's b300_blocks.json (default: data/study/b300_blocks.json).")] = None,
-    out: Annotated[Path | None, typer.Option(
-        help="Run folder to write (default: results/study-b300).")] = None,
-    seed: Seed = 0,
+    ctx: typer.Context,
+    settings: Annotated[list[str] | None, typer.Argument(
+        help=words_help("out=results/study-b300 seed=3"), show_default=False)] = None,
+    config_file: ConfigFile = None,
+    from_env: FromEnv = False,
+    show: ShowSettings = False,
+    source: Annotated[Path | None, alias("source")] = None,
+    out: Annotated[Path | None, alias("out")] = None,
+    seed: Annotated[int | None, alias("seed")] = None,
 ) -> None:
     """Import the source study's B300 blocks as a run folder and report on it."""
     from compaction_bench.bench.report.run_report import report_study
 
-    _print_files(report_study(source, out, seed=seed))
+    if show:
+        show_settings(StudyReportConfig)
+        return
+    c = settings_from(StudyReportConfig, "report-study", words=settings, file=config_file,
+                      from_env=from_env, flags=ctx.params)
+    _print_files(report_study(c.source, c.out, seed=c.seed))
 
+
+@app.command("gpu-check")
+def gpu_check_command(
+    ctx: typer.Context,
+    settings: Annotated[list[str] | None, typer.Argument(
+        help=words_help("profile=b300-deepseek-v4-flash-0731 agent_blocks=0"),
+        show_default=False)] = None,
+    config_file: ConfigFile = None,
+    from_env: FromEnv = False,
+    show: ShowSettings = False,
+) -> None:
+    """A GPU owner's first hour in one command: serve and self-check the profile, check NVML,
+    replay two blocks and run one live-agent block; write gpu-check.md naming each step."""
+    from compaction_bench.bench.gpucheck import GpuCheckConfig, exit_code, run_gpu_check
+
+    if show:
+        show_settings(GpuCheckConfig)
+        return
+    config = settings_from(GpuCheckConfig, "gpu-check", words=settings, file=config_file,
+                           from_env=from_env, flags=ctx.params)
+    out, steps = run_gpu_check(config, lambda line: typer.echo(line, err=True))
+    for step in steps:
+        typer.echo(f"{step.check}: {step.status}")
+    typer.echo(f"checklist: {out / 'gpu-check.md'}")
+    raise typer.Exit(exit_code(steps))

@@ -39,6 +39,18 @@ def alias(field: str, *names: str) -> Any:
     return typer.Option(*names, help=f"alias of {field}=", show_default=False)
 
 
+def split_words(args: list[str] | None) -> tuple[list[str], list[str]]:
+    """A command's trailing arguments split into (paths, `name=value` words), for commands
+    whose positional paths come first (`plan-check PLAN RUN... replicas=2`); a word's name is
+    an identifier, so a path with `=` in it stays a path unless its part before `=` is one."""
+    paths: list[str] = []
+    words: list[str] = []
+    for arg in args or []:
+        name, equals, _ = arg.partition("=")
+        (words if equals and name.isidentifier() else paths).append(arg)
+    return paths, words
+
+
 def show_settings(model: type[BaseModel]) -> None:
     """`--settings`: one line per setting, its make variable, default and meaning."""
     typer.echo("\n".join(settings_lines(model)))

@@ -70,7 +70,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("bench", "Put runs of the same task and arms side by side in one table."),
     "report-study": ("bench", "Import the source study's B300 blocks as a run folder and report "
                      "on it."),
-    "plan": ("plan", "Write plan.md, plan.json and plots/plan_*.png into RUN_DIR."),
+    "gpu-check": ("bench", "A GPU owner's first hour in one command: serve and self-check the "
+                  "profile, check NVML, replay two blocks and run one live-agent block; write "
+                  "gpu-check.md naming each step."),
+    "plan": ("plan", "Write plan.md, plan.html, plan.json and plots/plan_*.png into RUN_DIR."),
     "plan-check": ("plan", "Check a one-replica plan against runs through the router: predicted "
                    "vs measured SLO quantile per arm and routing policy, with the plan's own "
                    "settings."),

@@ -14,7 +14,6 @@ from typing import Annotated
 import typer
 
 from compaction_bench.common.errors import ExitCode, SuiteError
-from compaction_bench.common.net import DEFAULT_PORT
 from compaction_bench.common.options import (
     ConfigFile,
     FromEnv,
@@ -22,6 +21,7 @@ from compaction_bench.common.options import (
     alias,
     settings_from,
     show_settings,
+    split_words,
     words_help,
 )
 from compaction_bench.common.paths import histories_root, study_root
@@ -50,7 +50,14 @@ from compaction_bench.histories.format.reasoning import thought_label
 from compaction_bench.histories.policies.armfile import write_arm_files
 from compaction_bench.histories.policies.registry import compressors_needed, parse_arm
 from compaction_bench.histories.policies.scorer import scorer_for_profile
-from compaction_bench.histories.settings import AcquireConfig, ArmsConfig
+from compaction_bench.histories.settings import (
+    AcquireConfig,
+    ArmsConfig,
+    AuditConfig,
+    ContinueConfig,
+    ImportConfig,
+    ImportStudyConfig,
+)
 from compaction_bench.histories.tasks.task import load_task, runnable_tasks
 from compaction_bench.serve.launcher import ServerConfig, server_for
 from compaction_bench.serve.profile import (
@@ -61,13 +68,6 @@ from compaction_bench.serve.profile import (
 app = typer.Typer(help="Agent histories: acquire to a fork, write arms, audit, import, export, "
                   "continue.", no_args_is_help=True, add_completion=False,
                   pretty_exceptions_enable=False)
-
-ProfileOpt = Annotated[str, typer.Option(help="server profile ('auto': for this machine)")]
-UrlOpt = Annotated[str | None, typer.Option(
-    "--base-url", help="use this OpenAI-compatible server (with or without /v1)")]
-RootOpt = Annotated[Path | None, typer.Option(
-    help="history files' root (default: data/histories, or $COMPBENCH_HISTORIES)")]
-
 
 @app.command("acquire")
 def acquire_cmd(
@@ -221,14 +221,37 @@ _SHOWN = ("blocks", "rewritten", "identity-short", "reverted-not-shorter", "fail
 
 
 @app.command("audit")
-def audit_cmd(path: Path, profile: ProfileOpt = "auto", port: int = DEFAULT_PORT,
-              base_url: UrlOpt = None, model: str = "target",
-              json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
+def audit_cmd(
+    ctx: typer.Context,
+    path: Annotated[Path | None, typer.Argument(help="the history file")] = None,
+    settings: Annotated[list[str] | None, typer.Argument(
+        help=words_help("port=8100 json_out=1"), show_default=False)] = None,
+    config_file: ConfigFile = None,
+    from_env: FromEnv = False,
+    show: ShowSettings = False,
+    profile: Annotated[str | None, alias("profile")] = None,
+    port: Annotated[int | None, alias("port")] = None,
+    base_url: Annotated[str | None, alias("base_url")] = None,
+    model: Annotated[str | None, alias("model")] = None,
+    json_out: Annotated[bool | None, alias("json_out", "--json")] = None,
+) -> None:
     """Render two consecutive requests of a history through the server's /tokenize."""
-    history = load_history(path)
-    with server_for(ServerConfig(profile=resolve_profile(profile), port=port), base_url) as url:
-        result = render_audit(history, url, model=model, api_key=os.environ.get("API_KEY"))
-    typer.echo(json.dumps(result.to_json(), indent=2) if json_out else result.summary())
+    if show:
+        show_settings(AuditConfig)
+        return
+    c = settings_from(AuditConfig, "histories audit", words=settings, file=config_file,
+                      from_env=from_env, flags=ctx.params)
+    history = load_history(_given(path, "PATH", "histories audit <history.json>"))
+    with server_for(ServerConfig(profile=resolve_profile(c.profile), port=c.port),
+                    c.base_url) as url:
+        result = render_audit(history, url, model=c.model, api_key=os.environ.get("API_KEY"))
+    typer.echo(json.dumps(result.to_json(), indent=2) if c.json_out else result.summary())
+
+
+def _given(path: Path | None, hint: str, usage: str) -> Path:
+    if path is None:
+        raise typer.BadParameter(f"give the file: compaction-bench {usage}", param_hint=hint)
+    return path
 
 
 # The arms an imported history can have without any model server: the second paper's policies
@@ -244,15 +267,15 @@ def next_commands(history: History, out: Path) -> list[str]:
              f"{history.provenance.get('fork_choice', 'marked in the file')}"]
     if history.fork is None or history.fork.pending_result is None:
         lines.append("no arm files: the fork's result was not recorded; import again with "
-                     "--fork N at an action whose result was")
+                     "fork=N at an action whose result was")
     elif out.name != "clean.json" or history.arm != "clean":
         lines.append("arm files are written beside a clean arm's clean.json: import to "
                      f"{out.parent / history.task / 'clean.json'} to write them")
     else:
         lines += ["write the arm files that need no model:",
-                  f"  compaction-bench histories arms --root {out.parent.parent} --task "
-                  f"{out.parent.name} --arms {','.join(MODEL_FREE_ARMS)} --scorer {TOKENIZER} "
-                  "--scorer-device cpu"]
+                  f"  compaction-bench histories arms root={out.parent.parent} task="
+                  f"{out.parent.name} arms={','.join(MODEL_FREE_ARMS)} scorer={TOKENIZER} "
+                  "scorer_device=cpu"]
     turns = [m for m in history.continuation if m.get("role") == "assistant"]
     if turns and all(_completion_tokens(m) > 0 for m in turns) and out.name == "clean.json":
         lines += [f"replay its {len(turns)} recorded turn(s) at their recorded lengths, clean "
@@ -272,20 +295,34 @@ def _completion_tokens(message: dict[str, object]) -> int:
 
 @app.command("import")
 def import_cmd(
-    source: Path,
-    out: Annotated[Path | None, typer.Argument(
-        help="the history file to write (default: <histories root>/imported/<task>/clean.json)")]
-    = None,
-    task: str | None = None,
-    fork: Annotated[int | None, typer.Option(
-        help="the fork: an index into all messages of the file, counted from 0 (default: the "
-        "last action whose result was recorded)")] = None,
+    ctx: typer.Context,
+    source: Annotated[Path | None, typer.Argument(help="the agent's log")] = None,
+    rest: Annotated[list[str] | None, typer.Argument(
+        help="the history file to write (default: <histories root>/imported/<task>/"
+        "clean.json), then any settings as name=value (fork=4 task=fix-median)",
+        show_default=False)] = None,
+    config_file: ConfigFile = None,
+    from_env: FromEnv = False,
+    show: ShowSettings = False,
+    task: Annotated[str | None, alias("task")] = None,
+    fork: Annotated[int | None, alias("fork")] = None,
 ) -> None:
     """Import an agent's log (mini-swe-agent, SWE-agent, OpenHands, Claude Code, Codex CLI, a
     request/response log, OpenAI messages, a study record), say which fork it chose and why,
     and print the commands to run next."""
-    history = import_history(source, task=task, fork=fork)
-    target = out or histories_root() / "imported" / history.task / "clean.json"
+    if show:
+        show_settings(ImportConfig)
+        return
+    paths, words = split_words(rest)
+    if len(paths) > 1:
+        raise typer.BadParameter(f"one output file, got {len(paths)}: {', '.join(paths)}",
+                                 param_hint="OUT")
+    c = settings_from(ImportConfig, "histories import", words=words, file=config_file,
+                      from_env=from_env, flags=ctx.params)
+    history = import_history(_given(source, "SOURCE", "histories import <log> [out.json]"),
+                             task=c.task, fork=c.fork)
+    target = Path(paths[0]) if paths else (
+        histories_root() / "imported" / history.task / "clean.json")
     save_history(history, target)
     typer.echo(f"wrote {target}")
     for line in next_commands(history, target):
@@ -294,13 +331,24 @@ def import_cmd(
 
 @app.command("import-study")
 def import_study_cmd(
+    ctx: typer.Context,
     src: Annotated[Path | None, typer.Argument(help="folder of *__rep-*.json study records")]
     = None,
-    out: RootOpt = None,
+    settings: Annotated[list[str] | None, typer.Argument(
+        help=words_help("out=/tmp/histories"), show_default=False)] = None,
+    config_file: ConfigFile = None,
+    from_env: FromEnv = False,
+    show: ShowSettings = False,
+    out: Annotated[Path | None, alias("out")] = None,
 ) -> None:
     """Convert every study record into <out>/study/<record>/{clean,external}.json."""
+    if show:
+        show_settings(ImportStudyConfig)
+        return
+    c = settings_from(ImportStudyConfig, "histories import-study", words=settings,
+                      file=config_file, from_env=from_env, flags=ctx.params)
     for path in write_study_histories(src or study_root() / "records",
-                                      (out or histories_root()) / "study"):
+                                      (c.out or histories_root()) / "study"):
         typer.echo(str(path))
 
 
@@ -312,15 +360,32 @@ def export_cmd(path: Path, out: Path) -> None:
 
 
 @app.command("continue")
-def continue_cmd(path: Path, profile: ProfileOpt = "auto", port: int = DEFAULT_PORT,
-                 base_url: UrlOpt = None, seed: int = 0,
-                 step_limit: Annotated[int | None, typer.Option(min=1)] = None) -> None:
+def continue_cmd(
+    ctx: typer.Context,
+    path: Annotated[Path | None, typer.Argument(help="the history file")] = None,
+    settings: Annotated[list[str] | None, typer.Argument(
+        help=words_help("port=8100 step_limit=3"), show_default=False)] = None,
+    config_file: ConfigFile = None,
+    from_env: FromEnv = False,
+    show: ShowSettings = False,
+    profile: Annotated[str | None, alias("profile")] = None,
+    port: Annotated[int | None, alias("port")] = None,
+    base_url: Annotated[str | None, alias("base_url")] = None,
+    seed: Annotated[int | None, alias("seed")] = None,
+    step_limit: Annotated[int | None, alias("step_limit")] = None,
+) -> None:
     """Continue a saved history from its fork to a terminal status; print the timing."""
-    history = load_history(path)
-    chosen = resolve_profile(profile)
-    with server_for(ServerConfig(profile=chosen, port=port), base_url) as url:
+    if show:
+        show_settings(ContinueConfig)
+        return
+    c = settings_from(ContinueConfig, "histories continue", words=settings, file=config_file,
+                      from_env=from_env, flags=ctx.params)
+    history = load_history(_given(path, "PATH", "histories continue <history.json>"))
+    chosen = resolve_profile(c.profile)
+    with server_for(ServerConfig(profile=chosen, port=c.port), c.base_url) as url:
         result = continue_history(history, load_task(history.task),
-                                  config_for_profile(chosen, url, seed), step_limit=step_limit)
+                                  config_for_profile(chosen, url, c.seed),
+                                  step_limit=c.step_limit)
     typer.echo(json.dumps({
         "task": result.task, "arm": result.arm, "terminal_status": result.terminal_status,
         "turns": result.turns, "setup_s": result.setup_s, "postfork_s": result.postfork_s,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from compaction_bench.common.net import DEFAULT_PORT
 from compaction_bench.histories.compaction.arms import SEED_ARMS
@@ -73,3 +73,40 @@ class ArmsConfig(_Target):
             raise ValueError(f"unknown prompt {prompt!r}; use one of "
                              f"{', '.join(REWRITE_PROMPTS)}")
         return prompt
+
+
+class AuditConfig(ServerTarget):
+    """`histories audit`: two consecutive requests of a history through the server's
+    /tokenize."""
+
+    model: str = Field(default="target", description="the served model name to render with")
+    json_out: bool = Field(default=False, description="print the audit as JSON")
+
+
+class ContinueConfig(ServerTarget):
+    """`histories continue`: a saved history continued from its fork by a live agent."""
+
+    seed: int = Field(default=0, ge=0, description="the agent's sampling seed")
+    step_limit: int | None = Field(default=None, ge=1, description="at most this many agent "
+                                   "steps (default: the task's)")
+
+
+class ImportConfig(BaseModel):
+    """`histories import`: an agent's log as a history."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    task: str | None = Field(default=None, description="the task id to give it "
+                             "(default: the one the importer reads from the log)")
+    fork: int | None = Field(default=None, ge=0, description="the fork: an index into all "
+                             "messages of the file, counted from 0 (default: the last action "
+                             "whose result was recorded)")
+
+
+class ImportStudyConfig(BaseModel):
+    """`histories import-study`: the study's records as histories."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    out: Path | None = Field(default=None, description="history files' root (default: "
+                             "data/histories, or $COMPBENCH_HISTORIES)")

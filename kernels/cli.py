@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import BaseModel, ConfigDict, Field
 
 from compaction_bench.common.options import (
     ConfigFile,
@@ -54,18 +55,41 @@ def run(
     calibrate(config, argv=["compaction-bench", *sys.argv[1:]], say=typer.echo)
 
 
+class ResultsCheckConfig(BaseModel):
+    """`kernels check RESULTS`: a results file checked as the capacity plan loads it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    device: str | None = Field(default=None, description="also predict the measured levels "
+                               "on this GPU (a limits.toml row, e.g. H100) through the "
+                               "roofline fit")
+
+
 @app.command()
 def check(
-    results: Annotated[Path, typer.Argument(help="a results file (kernels/results/*.json)")],
-    device: Annotated[str | None, typer.Option(
-        help="also predict the measured levels on this GPU (a limits.toml row, e.g. H100) "
-             "through the roofline fit")] = None,
+    ctx: typer.Context,
+    results: Annotated[Path | None, typer.Argument(
+        help="a results file (kernels/results/*.json)", show_default=False)] = None,
+    settings: Annotated[list[str] | None, typer.Argument(help=words_help("device=H100"),
+                                                         show_default=False)] = None,
+    config_file: ConfigFile = None,
+    from_env: FromEnv = False,
+    show: ShowSettings = False,
+    device: Annotated[str | None, alias("device")] = None,
 ) -> None:
     """Load a results file as the capacity plan does; print prediction error per level."""
     from compaction_bench.kernels.costmodel import load
     from compaction_bench.kernels.fitreport import check_lines
     from compaction_bench.kernels.limits import LimitsError, limits_for
 
+    if show:
+        show_settings(ResultsCheckConfig)
+        return
+    if results is None:
+        raise typer.BadParameter("give the results file: compaction-bench kernels check "
+                                 "kernels/results/<file>.json", param_hint="RESULTS")
+    device = settings_from(ResultsCheckConfig, "kernels check", words=settings,
+                           file=config_file, from_env=from_env, flags=ctx.params).device
     model = load(results)
     transfer = None
     if device:

@@ -107,7 +107,7 @@ class BackgroundConfig(BaseModel):
     # as long as the run; a number: it also stops itself after that many seconds.
     duration_s: float | None = Field(default=None, gt=0)
     workers: int = Field(default=0, ge=0)  # 0: one local locust process; N: master+N workers
-    # Workers started elsewhere (`compaction-bench load worker --master HOST:PORT`), waited for
+    # Workers started elsewhere (`compaction-bench load worker master=HOST:PORT`), waited for
     # beside the N local ones; with any, the master listens on master_host:master_port.
     remote_workers: int = Field(default=0, ge=0)
     master_host: str = "127.0.0.1"  # the master's bind address ("0.0.0.0": other hosts too)

@@ -259,7 +259,7 @@ def _serve(runner: Runner, duration_s: float | None, report: Any) -> int:
 def _wait_workers(runner: Any, count: int, timeout_s: float) -> None:
     _wait_for(lambda: len(runner.clients.ready) >= count, timeout_s, lambda: (
         f"only {len(runner.clients.ready)} of {count} locust workers connected (start the "
-        "remote ones with `compaction-bench load worker --master HOST:PORT --out DIR`)"))
+        "remote ones with `compaction-bench load worker master=HOST:PORT out=DIR`)"))
 
 
 def _wait_for(done: Any, timeout_s: float, why: Any) -> None:

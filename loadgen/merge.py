@@ -146,7 +146,7 @@ def _load_worker(files: WorkerFiles, allow_unfinished: bool
             raise MergeError(
                 f"{files.sidecar}: the worker did not stop cleanly, so how many records it "
                 f"wrote is unknown ({len(rows)} in its file); stop workers with SIGTERM or "
-                "Ctrl-C, or merge what is there with --allow-unfinished")
+                "Ctrl-C, or merge what is there with allow_unfinished=1")
     elif int(side.get("records", -1)) != len(rows):
         written = int(side.get("records", -1))
         what = "lost" if written > len(rows) else "duplicated or added"

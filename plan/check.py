@@ -303,7 +303,7 @@ def check_plan(config: PlanConfig, check_runs: list[Path], replicas: int | None 
             plan.notes.append(note)
         if fleet.replicas is None:
             raise PlanError(f"{path}/manifest.json: names no replicas (config replica_urls, "
-                            "selfcheck.replicas); pass --replicas R")
+                            "selfcheck.replicas); give replicas=R (make plan-check REPLICAS=R)")
         rows += _rows(plan, check, fleet, rng)
     return plan, rows
 

@@ -17,16 +17,18 @@ from compaction_bench.common.options import (
     ConfigFile,
     FromEnv,
     ShowSettings,
+    alias,
     settings_from,
     show_settings,
+    split_words,
     words_help,
 )
-from compaction_bench.plan.settings import PlanConfig
+from compaction_bench.plan.settings import PlanCheckConfig, PlanConfig
 from compaction_bench.plan.truth import TruthConfig
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False,
                   help="Capacity plan of a run folder: agents per GPU, GPUs needed, per-task "
-                  "cost and break-even uses per arm (plan.md, plan.json, plots/).")
+                  "cost and break-even uses per arm (plan.md, plan.html, plan.json, plots/).")
 
 
 @app.command()
@@ -39,7 +41,7 @@ def plan(
     from_env: FromEnv = False,
     show: ShowSettings = False,
 ) -> None:
-    """Write plan.md, plan.json and plots/plan_*.png into RUN_DIR."""
+    """Write plan.md, plan.html, plan.json and plots/plan_*.png into RUN_DIR."""
     if show:
         show_settings(PlanConfig)
         return
@@ -56,6 +58,7 @@ def plan(
         if line.startswith(f"> {HOST_NOTE}"):  # contended cells: said where the user looks
             typer.echo(line.removeprefix("> "))
     typer.echo(f"plan:  {files.markdown}")
+    typer.echo(f"html:  {files.html}")
     typer.echo(f"json:  {files.json}")
     if files.plots:
         typer.echo(f"plots: {', '.join(str(p) for p in files.plots)}")
@@ -63,12 +66,14 @@ def plan(
 
 @app.command("plan-check")
 def plan_check(
+    ctx: typer.Context,
     plan_run: Annotated[Path, typer.Argument(help="the one-replica sweep the plan comes from")],
-    check_runs: Annotated[list[Path], typer.Argument(
-        help="sweep runs through the router at the planned fleet (one per routing policy)")],
-    replicas: Annotated[int | None, typer.Option(
-        help="replicas behind the router, where the check runs' manifests do not say", min=1)
-    ] = None,
+    check_runs: Annotated[list[str], typer.Argument(
+        help="sweep runs through the router at the planned fleet (one per routing policy), "
+        "then any settings as name=value (replicas=2)", show_default=False)],
+    config_file: ConfigFile = None,
+    from_env: FromEnv = False,
+    replicas: Annotated[int | None, alias("replicas")] = None,
 ) -> None:
     """Check a one-replica plan against runs through the router: predicted vs measured SLO
     quantile per arm and routing policy, with the plan's own settings.
@@ -77,8 +82,16 @@ def plan_check(
     PLAN_RUN, and the plan itself is not rewritten."""
     from compaction_bench.plan.check import check_notes, plan_settings, write_check
 
+    paths, words = split_words(check_runs)
+    own = settings_from(PlanCheckConfig, "plan-check", words=words, file=config_file,
+                        from_env=from_env, flags=ctx.params)
+    runs = [Path(r) for r in paths]
+    if not runs:
+        raise typer.BadParameter("give the sweep runs through the router after the plan's run: "
+                                 "compaction-bench plan-check results/<plan> results/<check>...",
+                                 param_hint="CHECK_RUNS")
     config = plan_settings(plan_run)
-    markdown, document, rows = write_check(config, check_runs, replicas)
+    markdown, document, rows = write_check(config, runs, own.replicas)
     for r in rows:
         error = "-" if r.error_pct is None else f"{r.error_pct:+.1f}%"
         measured = "missed (failures)" if r.measured_s is None else f"{r.measured_s:.1f} s"

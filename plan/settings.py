@@ -117,3 +117,12 @@ class PlanConfig(BaseModel):
     @property
     def target(self) -> Slo:
         return parse_slo(self.slo)
+
+
+class PlanCheckConfig(BaseModel):
+    """`make plan-check`'s own settings; the check itself takes the plan's (its plan.json)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    replicas: int | None = Field(default=None, ge=1, description="replicas behind the router, "
+                                 "where the check runs' manifests do not say")

@@ -21,7 +21,7 @@ from compaction_bench.common.options import (
     words_help,
 )
 from compaction_bench.common.paths import run_state_dir
-from compaction_bench.serve.command import cpu_list, profile_env, redacted
+from compaction_bench.serve.command import profile_env, redacted
 from compaction_bench.serve.launcher import (
     Server,
     ServerConfig,
@@ -49,25 +49,15 @@ from compaction_bench.serve.selfcheck import (
     run_selfcheck,
     selfcheck_plan,
 )
-from compaction_bench.serve.settings import ServeConfig
-from compaction_bench.serve.share import NO_SHARE, HostShare, cpu_max
+from compaction_bench.serve.settings import CheckConfig, PrepareConfig, ServeConfig, StopConfig
+from compaction_bench.serve.share import NO_SHARE, HostShare, cpu_list, cpu_max
 
 app = typer.Typer(help="Start, stop and inspect the suite's vLLM servers.", no_args_is_help=True,
                   add_completion=False, pretty_exceptions_enable=False)
 
-ProfileOpt = Annotated[
-    str, typer.Option(help="profile name or .toml path; 'auto' picks one for this machine")
-]
-SpecOpt = Annotated[bool | None, typer.Option(
-    "--speculative/--no-speculative", help="opt-in speculative decoding (the profile's MTP / "
-    "EAGLE config); default: as the profile says (off)")]
-EpOpt = Annotated[bool | None, typer.Option(
-    "--expert-parallel/--no-expert-parallel", help="opt-in expert parallelism (TP >= 2); "
-    "default: as the profile says (off)")]
-
-
-def _profile(name: str, speculative: bool | None, expert_parallel: bool | None) -> Profile:
-    return resolve_profile(name).with_features(speculative=speculative,
+def _profile(name: str, speculative: bool | None, expert_parallel: bool | None,
+             kv_offload: bool | None = None) -> Profile:
+    return resolve_profile(name).with_features(speculative=speculative, kv_offload=kv_offload,
                                                expert_parallel=expert_parallel)
 
 
@@ -116,6 +106,8 @@ def serve(
     router_policy: Annotated[str | None, alias("router_policy")] = None,
     replica_cpus: Annotated[int | None, alias("replica_cpus")] = None,
     replica_cpu_quota: Annotated[float | None, alias("replica_cpu_quota")] = None,
+    kv_offload: Annotated[bool | None, alias("kv_offload", "--kv-offload/--no-kv-offload")
+                          ] = None,
 ) -> None:
     """Serve a profile: the target and compressor names from one engine, self-checked."""
     if show:
@@ -131,13 +123,15 @@ def serve_with(c: ServeConfig) -> None:
     if c.dry_run:
         typer.echo(show(c.profile, port=c.port, host=c.host, model=c.model,
                         speculative=c.speculative, expert_parallel=c.expert_parallel,
+                        kv_offload=c.kv_offload,
                         share=share))
         if c.replicas > 1:
             typer.echo(show_replicas(c.profile, c.replicas, c.router_policy, port=c.port,
                                      host=c.host, share=share))
         return
     config = ServerConfig(
-        profile=_profile(c.profile, c.speculative, c.expert_parallel), host=c.host, port=c.port,
+        profile=_profile(c.profile, c.speculative, c.expert_parallel, c.kv_offload),
+        host=c.host, port=c.port,
         model=c.model or None, api_key=os.environ.get("API_KEY") or None,
         ready_timeout_s=c.timeout_s, fast_start=c.fast_start,
     )
@@ -170,16 +164,28 @@ def serve_with(c: ServeConfig) -> None:
 
 @app.command()
 def check(
-    profile: ProfileOpt = "auto",
-    port: Annotated[int, typer.Option(help="the local server's port")] = DEFAULT_PORT,
-    base_url: Annotated[str | None, typer.Option(help="a server elsewhere (with or without "
-                                                 "/v1); default: 127.0.0.1:PORT")] = None,
-    speculative: SpecOpt = None,
-    expert_parallel: EpOpt = None,
+    ctx: typer.Context,
+    settings: Annotated[list[str] | None, typer.Argument(
+        help=words_help("port=8100 profile=cpu-tiny"), show_default=False)] = None,
+    config_file: ConfigFile = None,
+    from_env: FromEnv = False,
+    show: ShowSettings = False,
+    profile: Annotated[str | None, alias("profile")] = None,
+    port: Annotated[int | None, alias("port")] = None,
+    base_url: Annotated[str | None, alias("base_url")] = None,
+    speculative: Annotated[bool | None, alias(
+        "speculative", "--speculative/--no-speculative")] = None,
+    expert_parallel: Annotated[bool | None, alias(
+        "expert_parallel", "--expert-parallel/--no-expert-parallel")] = None,
 ) -> None:
     """Self-check a running server against a profile (what `make serve` runs once healthy)."""
-    p = _profile(profile, speculative, expert_parallel)
-    url = base_url or f"http://127.0.0.1:{port}"
+    if show:
+        show_settings(CheckConfig)
+        return
+    c = settings_from(CheckConfig, "check", words=settings, file=config_file,
+                      from_env=from_env, flags=ctx.params)
+    p = _profile(c.profile, c.speculative, c.expert_parallel)
+    url = c.base_url or f"http://127.0.0.1:{c.port}"
     require_server(url)
     try:
         report = run_selfcheck(url, p, api_key=os.environ.get("API_KEY") or None)
@@ -192,9 +198,21 @@ def check(
 
 
 @app.command()
-def stop(port: Annotated[int | None, typer.Option(help="only the server on this port")] = None,
-         ) -> None:
+def stop(
+    ctx: typer.Context,
+    settings: Annotated[list[str] | None, typer.Argument(
+        help=words_help("port=8100"), show_default=False)] = None,
+    config_file: ConfigFile = None,
+    from_env: FromEnv = False,
+    show: ShowSettings = False,
+    port: Annotated[int | None, alias("port")] = None,
+) -> None:
     """Stop background servers started by this checkout (all, or the one on --port)."""
+    if show:
+        show_settings(StopConfig)
+        return
+    port = settings_from(StopConfig, "stop", words=settings, file=config_file,
+                         from_env=from_env, flags=ctx.params).port
     stopped = stop_background(port)
     gone: list[int] = []  # replicas whose serve process ended them first (its record went too)
     for record in list(stopped):  # a router's replicas go with it
@@ -227,10 +245,11 @@ def profiles() -> None:
 
 def show(profile: str = "auto", *, port: int = DEFAULT_PORT, host: str = "127.0.0.1",
          model: str | None = None, speculative: bool | None = None,
-         expert_parallel: bool | None = None, share: HostShare = NO_SHARE) -> str:
+         expert_parallel: bool | None = None, kv_offload: bool | None = None,
+         share: HostShare = NO_SHARE) -> str:
     """The exact server command, its environment and the self-check plan of a profile
     (`make serve DRY_RUN=1`): nothing is started, converted or downloaded."""
-    p = _profile(profile, speculative, expert_parallel)
+    p = _profile(profile, speculative, expert_parallel, kv_offload)
     config = server_config(ServerConfig(profile=p, port=port, host=host,
                                         api_key="***" if os.environ.get("API_KEY") else None),
                            share)
@@ -238,6 +257,9 @@ def show(profile: str = "auto", *, port: int = DEFAULT_PORT, host: str = "127.0.
     spec = ("none in the recipe" if f.speculative is None else
             f"{'ON' if f.speculative.enabled else 'off'} ({f.speculative.config}; SPECULATIVE=1 / "
             "--speculative turns it on)")
+    offload = ("none verified by the recipe" if f.kv_offload is None else
+               f"{'ON' if f.kv_offload.enabled else 'off'} ({f.kv_offload.config['kv_connector']}"
+               "; KV_OFFLOAD=1 turns it on)")
     source = model or p.model.source
     lines = [f"# {p.name}: {p.description}",
              f"# model: {source} ({p.model.size_note})"]
@@ -248,7 +270,7 @@ def show(profile: str = "auto", *, port: int = DEFAULT_PORT, host: str = "127.0.
         f"# vLLM: minimum {p.vllm.minimum} ({p.vllm.minimum_reason})",
         f"#       pinned {p.vllm.pinned} ({p.vllm.pinned_reason})",
         f"# opt-in features: speculative decoding {spec}; expert parallelism "
-        f"{'ON' if f.expert_parallel else 'off'}",
+        f"{'ON' if f.expert_parallel else 'off'}; KV offload {offload}",
         f"# live agents sample: {sampling_text(p)}",
         f"# regimes: shared {p.regimes.shared_users} users, overloaded {p.overloaded_users} "
         f"users, max_num_seqs {p.engine_args.max_num_seqs}",
@@ -293,7 +315,20 @@ def show_replicas(profile: str, replicas: int, policy: str, *, port: int = DEFAU
 
 
 @app.command("prepare-model")
-def prepare_model(profile: ProfileOpt = "auto") -> None:
+def prepare_model(
+    ctx: typer.Context,
+    settings: Annotated[list[str] | None, typer.Argument(
+        help=words_help("profile=cpu-tiny"), show_default=False)] = None,
+    config_file: ConfigFile = None,
+    from_env: FromEnv = False,
+    show: ShowSettings = False,
+    profile: Annotated[str | None, alias("profile")] = None,
+) -> None:
     """Make the profile's model ready locally (converts an embedded model once)."""
-    typer.echo(resolve_model(resolve_profile(profile).model.source))
+    if show:
+        show_settings(PrepareConfig)
+        return
+    c = settings_from(PrepareConfig, "prepare-model", words=settings, file=config_file,
+                      from_env=from_env, flags=ctx.params)
+    typer.echo(resolve_model(resolve_profile(c.profile).model.source))
 

@@ -29,6 +29,35 @@ class ServerTarget(BaseModel):
                                  "instead (with or without /v1)")
 
 
+class CheckConfig(ServerTarget):
+    """What `compaction-bench check` self-checks: a running server against a profile."""
+
+    speculative: bool | None = Field(
+        default=None, description="the server runs the profile's opt-in speculative decoding; "
+        "unset: as the profile says (off)")
+    expert_parallel: bool | None = Field(
+        default=None, description="the server runs opt-in expert parallelism; unset: as the "
+        "profile says (off)")
+
+
+class PrepareConfig(BaseModel):
+    """Whose model `compaction-bench prepare-model` makes ready."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    profile: str = Field(default="auto", description="profile name or .toml path; 'auto': the "
+                         "one for this machine")
+
+
+class StopConfig(BaseModel):
+    """What `compaction-bench stop` stops: every background server of this checkout, or one."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    port: int | None = Field(default=None, ge=1, le=65535, description="only the server (or "
+                             "router, with its replicas) on this port; unset: all")
+
+
 class ServeConfig(BaseModel):
     """What `make serve` starts: one server of a profile, or replicas behind vLLM's router."""
 
@@ -44,7 +73,9 @@ class ServeConfig(BaseModel):
                               "(a local folder, or a Hugging Face id already cached)")
     background: bool = Field(default=False, description="return once healthy and "
                              "self-checked; `stop` ends it (one server only)")
-    timeout_s: float = Field(default=900.0, ge=1, description="seconds to wait for /health")
+    timeout_s: float | None = Field(default=None, ge=1, description="seconds to wait for "
+                                    "/health; default: the profile's (900, or its vLLM "
+                                    "engine-ready limit + 300)")
     selfcheck: bool = Field(default=True, description="run the self-check once healthy; a "
                             "failure stops the server")
     speculative: bool | None = Field(
@@ -52,6 +83,10 @@ class ServeConfig(BaseModel):
         "unset: as the profile says (off)")
     expert_parallel: bool | None = Field(
         default=None, description="opt-in expert parallelism (TP >= 2); unset: as the profile "
+        "says (off)")
+    kv_offload: bool | None = Field(
+        default=None, description="the profile's opt-in KV-cache offload (vLLM's "
+        "OffloadingConnector to CPU memory, as its recipe verifies it); unset: as the profile "
         "says (off)")
     fast_start: bool = Field(
         default=False, description="--optimization-level 0: no compilation, a faster cold "

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import BaseModel, ConfigDict, Field
 
 from compaction_bench.bench.faults.box import box_classes
 from compaction_bench.bench.faults.harness import Context, FaultResult
@@ -21,6 +22,15 @@ from compaction_bench.bench.faults.rows import ROWS, Row
 from compaction_bench.common import markdown
 from compaction_bench.common.errors import ExitCode, SuiteError
 from compaction_bench.common.files import write_json_atomic
+from compaction_bench.common.options import (
+    ConfigFile,
+    FromEnv,
+    ShowSettings,
+    alias,
+    settings_from,
+    show_settings,
+    words_help,
+)
 from compaction_bench.common.paths import results_dir
 
 app = typer.Typer(add_completion=False, help=__doc__)
@@ -60,14 +70,36 @@ def table(results: list[FaultResult]) -> str:
           "?" if r.lost is None else str(r.lost), r.line) for r in results]))
 
 
+class FaultsConfig(BaseModel):
+    """`make faults`: which fault rows run, and how."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    only: str | None = Field(default=None, description="run the rows whose name holds this")
+    keep: bool = Field(default=False, description="keep the rows' folders")
+    jobs: int = Field(default=JOBS, ge=1, description="rows run side by side")
+
+
 @app.command()
-def main(only: Annotated[str | None, typer.Option(help="run the rows whose name holds this")]
-         = None,
-         keep: Annotated[bool, typer.Option(help="keep the rows' folders")] = False,
-         jobs: Annotated[int, typer.Option(help="rows run side by side (JOBS=)", min=1)]
-         = JOBS) -> None:
+def main(
+    ctx: typer.Context,
+    settings: Annotated[list[str] | None, typer.Argument(
+        help=words_help("only=sigterm jobs=2"), show_default=False)] = None,
+    config_file: ConfigFile = None,
+    from_env: FromEnv = False,
+    show: ShowSettings = False,
+    only: Annotated[str | None, alias("only")] = None,
+    keep: Annotated[bool | None, alias("keep", "--keep/--no-keep")] = None,
+    jobs: Annotated[int | None, alias("jobs")] = None,
+) -> None:
     """Inject every fault row into a real bench process; one table, exit 1 if any row did not
     survive."""
+    if show:
+        show_settings(FaultsConfig)
+        return
+    c = settings_from(FaultsConfig, "faults", words=settings, file=config_file,
+                      from_env=from_env, flags=ctx.params)
+    only, keep, jobs = c.only, c.keep, c.jobs
     rows = [r for r in ALL_ROWS if only is None or only.lower() in r.name.lower()]
     if not rows:
         raise SuiteError(f"no fault row matches {only!r}; rows: "

@@ -46,7 +46,7 @@ def unmerged_note(analysis: RunAnalysis) -> str | None:
     return (f"Incomplete: {remote.pending} of {remote.expected} remote workers' background "
             "records are not merged yet (they are on the workers' hosts), so the background "
             "requests below count only what the bench's host recorded. Copy each worker's "
-            f"--out folder here, run `compaction-bench load merge {run_dir} DIR... --workers "
+            f"out= folder here, run `compaction-bench load merge {run_dir} DIR... workers="
             f"{remote.pending}`, then `make report RUN={analysis.run_id}`.")
 
 

@@ -105,14 +105,14 @@ class RemoteWorkers:
     def wait_line(self) -> str:
         return (f"[bench] background load: waiting up to {REMOTE_WAIT_S:.0f} s for "
                 f"{self.count} remote worker(s); start each on its host with: compaction-bench "
-                f"load worker --master {self.connect} --out /tmp/{self.run_dir.name}-bg-"
+                f"load worker master={self.connect} out=/tmp/{self.run_dir.name}-bg-"
                 # a folder per start of the load: a resumed run's workers never meet merged ones
                 f"{time.strftime('%Y%m%dT%H%M%S')}")
 
     def unmerged_line(self) -> str:
         return (f"[bench] {self.count} remote worker(s)' background records are on their hosts, "
-                f"not in {self.run_dir / 'requests.jsonl'}: copy each worker's --out folder here "
-                f"and run: compaction-bench load merge {self.run_dir} DIR... --workers "
+                f"not in {self.run_dir / 'requests.jsonl'}: copy each worker's out= folder here "
+                f"and run: compaction-bench load merge {self.run_dir} DIR... workers="
                 f"{self.count}; then make report RUN={self.run_dir.name}")
 
 

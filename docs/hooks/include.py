@@ -10,8 +10,9 @@ a note naming the file, so an edit there is an edit of the docs and no copy can 
 that does not exist, or lies outside the checkout, stops the build with one line naming the
 page, the path and the fix. `mkdocs serve` also rebuilds when an included file changes.
 
-The line `<!-- settings-table: <command> -->` (bench, serve, plan, fleet-truth, kernels,
-histories-acquire, histories-arms) becomes the
+The line `<!-- settings-table: <command> -->` (every command with settings, listed in
+`_settings_table`)
+becomes the
 table of every setting of that command, generated from its typed config (`compaction-bench
 <command> --settings` prints the same rows), so no setting is written down twice. The line
 `<!-- command-reference -->` becomes the table of every command and subcommand with its
@@ -63,20 +64,53 @@ def _read(root: Path, page: str, relative: str) -> str:
 def _settings_table(page: str, command: str) -> str:
     from pydantic import BaseModel
 
+    from compaction_bench.bench.faults.cli import FaultsConfig
+    from compaction_bench.bench.gpucheck import GpuCheckConfig
+    from compaction_bench.bench.report.settings import (
+        CompareConfig,
+        ReportConfig,
+        StudyReportConfig,
+    )
     from compaction_bench.bench.run.config import BenchConfig
     from compaction_bench.common.markdown import table
     from compaction_bench.common.settings import settings_table
-    from compaction_bench.histories.settings import AcquireConfig, ArmsConfig
+    from compaction_bench.histories.settings import (
+        AcquireConfig,
+        ArmsConfig,
+        AuditConfig,
+        ContinueConfig,
+        ImportConfig,
+        ImportStudyConfig,
+    )
     from compaction_bench.kernels.calibration import CalibrationConfig
-    from compaction_bench.plan.settings import PlanConfig
+    from compaction_bench.kernels.cli import ResultsCheckConfig
+    from compaction_bench.loadgen.cli import MergeConfig, RunConfig, WorkerConfig
+    from compaction_bench.plan.settings import PlanCheckConfig, PlanConfig
     from compaction_bench.plan.truth import TruthConfig
-    from compaction_bench.serve.settings import ServeConfig
+    from compaction_bench.serve.settings import (
+        CheckConfig,
+        PrepareConfig,
+        ServeConfig,
+        StopConfig,
+    )
 
     models: dict[str, type[BaseModel]] = {"bench": BenchConfig, "serve": ServeConfig,
                                           "plan": PlanConfig, "fleet-truth": TruthConfig,
                                           "kernels": CalibrationConfig,
                                           "histories-acquire": AcquireConfig,
-                                          "histories-arms": ArmsConfig}
+                                          "histories-arms": ArmsConfig, "check": CheckConfig,
+                                          "stop": StopConfig, "prepare-model": PrepareConfig,
+                                          "plan-check": PlanCheckConfig,
+                                          "histories-audit": AuditConfig,
+                                          "histories-continue": ContinueConfig,
+                                          "histories-import": ImportConfig,
+                                          "histories-import-study": ImportStudyConfig,
+                                          "report": ReportConfig, "compare": CompareConfig,
+                                          "report-study": StudyReportConfig,
+                                          "kernels-check": ResultsCheckConfig,
+                                          "faults": FaultsConfig, "load-worker": WorkerConfig,
+                                          "load-run": RunConfig, "load-merge": MergeConfig,
+                                          "gpu-check": GpuCheckConfig}
     if command not in models:
         raise PluginError(f"docs/{page}: `settings-table: {command}` names no command with "
                           f"settings; use one of {', '.join(models)}")

@@ -113,7 +113,7 @@ def test_an_agent_split_across_workers_is_refused(tmp_path: Path) -> None:
 def test_a_worker_that_did_not_stop_cleanly_needs_consent(tmp_path: Path) -> None:
     a = _worker(tmp_path / "a", "a", [(0, 0, 6.0)], records=0, stopped=False)
     with pytest.raises(MergeError, match=r"worker-a\.json: the worker did not stop cleanly.*"
-                       "--allow-unfinished"):
+                       "allow_unfinished=1"):
         merge_workers([a], tmp_path / "requests.jsonl")
     assert merge_workers([a], tmp_path / "requests.jsonl", allow_unfinished=True)[0].records == 1
 

@@ -46,10 +46,13 @@ def test_two_workers_make_one_merged_run_with_no_record_lost_or_duplicated(
     logs = [(tmp_path / f"{out.name}.log").open("wb") for out in folders]
     try:
         with BackgroundLoad(config) as load:
+            # one worker started with the settings' words, one with the flags (aliases)
+            forms = [["master=" + f"127.0.0.1:{port}", "out={}"],
+                     ["--master", f"127.0.0.1:{port}", "--out", "{}"]]
             workers = [subprocess.Popen(
-                [*CLI, "load", "worker", "--master", f"127.0.0.1:{port}", "--out", str(out)],
-                stdout=log, stderr=subprocess.STDOUT) for out, log in zip(folders, logs,
-                                                                           strict=True)]
+                [*CLI, "load", "worker", *(w.format(out) for w in forms[i % 2])],
+                stdout=log, stderr=subprocess.STDOUT)
+                for i, (out, log) in enumerate(zip(folders, logs, strict=True))]
             status = load.wait_steady(timeout_s=90)
             assert status.users == 6 and status.started == 6  # counters relayed by workers
             load.set_block(7)

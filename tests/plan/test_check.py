@@ -168,7 +168,7 @@ def test_the_policy_and_replicas_come_from_the_manifest(
                           "started_by": "make serve REPLICAS=2 on port 18400"}
     (served / "manifest.json").write_text(json.dumps(manifest))
     assert fleet_of(observe(served)) == Fleet(2, "consistent_hash")
-    with pytest.raises(PlanError, match=r"manifest.json: names no replicas.*--replicas"):
+    with pytest.raises(PlanError, match=r"manifest.json: names no replicas.*replicas=R"):
         check_plan(_config(make_sweep("plan", levels=(1, 2, 4)), 60.0), [run])
 
 
@@ -191,3 +191,38 @@ def test_make_plan_check_prints_the_prediction_error(
     assert (config.run_dir / "plan_check.md").is_file()
     assert "plan.md is unchanged" in done.stdout
     assert (config.run_dir / "plan.md").read_bytes() == plan_md
+
+
+def test_plan_check_takes_replicas_as_a_word_a_flag_or_a_make_variable(
+        make_sweep: Callable[..., Path]) -> None:
+    """Issue 31: one settings grammar. The check runs' manifests name no replicas here, so the
+    check needs REPLICAS; each way of giving it reaches the check, a bad one is one line."""
+    import os
+
+    from typer.testing import CliRunner
+
+    from compaction_bench.plan.cli import app
+
+    plan_run = make_sweep("plan-words", levels=(1, 2, 4))
+    write_plan(PlanConfig(run_dir=plan_run, slo="p90:60s", bootstrap=100, plots=False))
+    check = make_sweep("check-words", levels=(2,), config={"router_policy": ["round_robin"]})
+    cleared = {k: None for k in os.environ if k in ("MAKEFLAGS", "REPLICAS")
+               or k.startswith("COMPBENCH_")}
+
+    def invoke(*args: str, env: dict[str, str] | None = None) -> Any:
+        return CliRunner().invoke(app, ["plan-check", str(plan_run), str(check), *args],
+                                  env={**cleared, **(env or {})})
+
+    missing = invoke()
+    assert isinstance(missing.exception, PlanError)
+    assert "give replicas=R (make plan-check REPLICAS=R)" in str(missing.exception)
+    outputs = []
+    for args, env in ((("replicas=2",), None), (("--replicas", "2"), None),
+                      (("--from-env",), {"MAKEFLAGS": " -- REPLICAS=2", "REPLICAS": "2"})):
+        done = invoke(*args, env=env)
+        assert done.exit_code == 0, (args, done.output, done.exception)
+        outputs.append([line for line in done.stdout.splitlines() if " x2 " in line])
+    assert outputs[0] and outputs[0] == outputs[1] == outputs[2]
+    refused = invoke("replicas=0")  # SettingsError: one line at the command's top (run_cli)
+    assert refused.exit_code != 0 and "replicas: Input should be greater than or equal to 1" in (
+        str(refused.exception))

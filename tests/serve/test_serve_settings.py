@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from compaction_bench.common.errors import ExitCode
+from compaction_bench.common.errors import ExitCode, SuiteError
 from compaction_bench.common.paths import repo_root
 from compaction_bench.common.settings import settings_of
 from compaction_bench.serve.cli import app
@@ -106,3 +106,39 @@ def test_make_serve_passes_its_variables_through() -> None:
                           capture_output=True, text=True, timeout=120, check=False, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "--port 18501" in command_line(Done(0, done.stdout, done.stderr))
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> Done:
+    """Any serving command in-process, with what --from-env reads cleared (as `serve`); a
+    known failure (what `run_cli` prints as one line) comes back as its text on stderr."""
+    cleared = {k: None for k in os.environ
+               if k in ("MAKEFLAGS", "PORT", "PROFILE") or k.startswith("COMPBENCH_")}
+    result = CliRunner().invoke(app, list(args), env={**cleared, **(env or {})})
+    if isinstance(result.exception, SuiteError):
+        return Done(1, result.stdout, str(result.exception))
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return Done(result.exit_code, result.stdout, result.stderr)
+
+
+def test_check_stop_and_prepare_model_take_the_same_grammar() -> None:
+    # port 1: nothing answers there and no server of this checkout is recorded on it, so
+    # neither command touches a real server (stop without a port would stop them all)
+    make = {"MAKEFLAGS": " -- PORT=1", "PORT": "1"}
+    for command in ("check", "stop"):
+        outs = set()
+        for args, env in (((command, "port=1"), None), ((command, "--port", "1"), None),
+                          ((command, "--from-env"), make)):
+            done = run(*args, env=env)
+            outs.add(done.stdout + done.stderr)
+        assert len(outs) == 1, (command, outs)
+        (out,) = outs
+        assert ("127.0.0.1:1" in out) if command == "check" else (
+            "no server recorded in .run/ for port 1" in out), out
+    for command, names in (("check", {"profile", "port", "base_url", "speculative"}),
+                           ("stop", {"port"}), ("prepare-model", {"profile"})):
+        listed = run(command, "--settings").stdout
+        assert {line.split()[0] for line in listed.splitlines()} >= names, (command, listed)
+    refused = run("stop", "port=0")
+    assert refused.returncode == 1 and refused.stderr.startswith("invalid stop settings: port")
+    assert "(got '0')" in refused.stderr and "\n" not in refused.stderr

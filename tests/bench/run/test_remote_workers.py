@@ -71,11 +71,11 @@ def test_a_remote_workers_records_are_missing_visibly_until_merged_once(tmp_path
                 pytest.fail("the bench never said how to start the worker:\n" + "".join(seen))
             # the exact command it printed, this host's folder in place of its suggestion
             command = line.split("start each on its host with: ", 1)[1].split()
-            assert command[:5] == ["compaction-bench", "load", "worker", "--master",
-                                   f"127.0.0.1:{port}"] and command[5] == "--out"
+            assert command[:4] == ["compaction-bench", "load", "worker",
+                                   f"master=127.0.0.1:{port}"] and command[4].startswith("out=")
             assert "waiting up to 600 s for 1 remote worker(s)" in line
             with (tmp_path / "worker.log").open("wb") as log:
-                worker = subprocess.Popen([*CLI, *command[1:6], str(host_b)], stdout=log,
+                worker = subprocess.Popen([*CLI, *command[1:4], f"out={host_b}"], stdout=log,
                                           stderr=subprocess.STDOUT)
                 rest = bench.communicate(timeout=400)[1]
                 assert bench.returncode == 0, "".join(seen)[-2000:] + rest[-3000:]
@@ -86,18 +86,18 @@ def test_a_remote_workers_records_are_missing_visibly_until_merged_once(tmp_path
                     process.kill()
                     process.wait()
     run = tmp_path / "rw"
-    assert f"load merge {run} DIR... --workers 1; then make report RUN=rw" in rest
+    assert f"load merge {run} DIR... workers=1; then make report RUN=rw" in rest
     remote = read_jsonl(next(host_b.glob("requests-*.jsonl"))).objects
     assert remote  # the worker sent requests, on its host only so far
     assert not [r for r in read_jsonl(run / "requests.jsonl").objects
                 if r["source"] == "background"]
     report = (run / "report.md").read_text()
     assert "1 of 1 remote workers' background records are not merged yet" in report
-    assert f"compaction-bench load merge {run} DIR... --workers 1" in report
+    assert f"compaction-bench load merge {run} DIR... workers=1" in report
     summary = json.loads((run / "summary.json").read_text())
     assert summary["background_remote_workers"] == {"expected": 1, "merged": 0, "pending": 1}
 
-    merged = subprocess.run([*CLI, "load", "merge", str(run), str(host_b), "--workers", "1"],
+    merged = subprocess.run([*CLI, "load", "merge", str(run), str(host_b), "workers=1"],
                             capture_output=True, text=True, timeout=120)
     assert merged.returncode == 0, merged.stderr
     assert [m["remote"] for m in read_jsonl(run / "background" / "merges.jsonl").objects] == [

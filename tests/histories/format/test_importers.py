@@ -388,3 +388,12 @@ def test_cli_imports_one_file_and_reports_refusals(tmp_path: Path) -> None:
     lines = refused.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and str(source) in lines[0]
     assert load_history(out).fork is not None
+    # the settings grammar of every command (issue 31): words, then the flags as aliases
+    worded = tmp_path / "worded" / "run" / "clean.json"
+    again = cli("import", str(source), str(worded), "fork=4", "task=run")
+    assert again.returncode == 0, again.stderr
+    assert worded.read_bytes() == out.read_bytes()
+    def said(text: str, where: Path) -> str:
+        return text.replace(str(where.parent), "X").replace(str(where.parent.parent), "Y")
+
+    assert said(again.stdout, worded) == said(done.stdout, out)

@@ -6,7 +6,7 @@ import dataclasses
 import math
 from typing import Any
 
-from compaction_bench.common.markdown import percent, table
+from compaction_bench.common.markdown import number, percent, table
 from compaction_bench.plan.fleetmodel import FleetPlan, FleetRow
 from compaction_bench.serve.routerhash import ROUTING_KEYS
 
@@ -16,7 +16,7 @@ def _n(value: int | None, most: int) -> str:
 
 
 def _s(value: float | None) -> str:
-    return "-" if value is None or not math.isfinite(value) else f"{value:.1f}"
+    return number(value if value is None or math.isfinite(value) else None, 1)
 
 
 def _pct(value: float | None) -> str:

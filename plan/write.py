@@ -1,7 +1,9 @@
 """The plan's files: `write_plan` builds the plan of a run folder (`planner.build_plan`) and
-writes plan.json, plan.md and the plots into it. The renderers (planfile, writeup, figures) take
-data only: what `make plan-check` found (plan_check.json), where it ran, is read here and handed
-to plan.md's writer, so no renderer reads a file and nothing in plan/ imports in a circle."""
+writes plan.json, plan.md, plan.html and the plots into it. plan.html is plan.md through the
+report's renderer (bench/report/document.py: one self-contained page, the plots embedded). The
+renderers (planfile, writeup, figures) take data only: what `make plan-check` found
+(plan_check.json), where it ran, is read here and handed to plan.md's writer, so no renderer
+reads a file and nothing in plan/ imports in a circle."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from compaction_bench.bench.report.document import from_markdown, to_html
 from compaction_bench.common.files import write_json_atomic, write_text_atomic
 from compaction_bench.plan.check import CHECK_JSON
 from compaction_bench.plan.figures import draw_plots
@@ -24,6 +27,7 @@ class PlanFiles:
     markdown: Path
     json: Path
     plots: tuple[Path, ...]
+    html: Path
 
 
 def read_check(run_dir: Path) -> dict[str, Any] | None:
@@ -49,6 +53,8 @@ def write_plan(config: PlanConfig) -> PlanFiles:
     plots = draw_plots(plan, out / "plots") if config.plots else ()
     document: dict[str, Any] = plan_json(plan, plots)
     write_json_atomic(out / "plan.json", document)
-    write_text_atomic(out / "plan.md", plan_markdown(plan, document, plots,
-                                                     check=read_check(out)))
-    return PlanFiles(out / "plan.md", out / "plan.json", tuple(plots))
+    markdown = plan_markdown(plan, document, plots, check=read_check(out))
+    write_text_atomic(out / "plan.md", markdown)
+    write_text_atomic(out / "plan.html", to_html(from_markdown(
+        markdown, {p.name: p.read_bytes() for p in plots})))
+    return PlanFiles(out / "plan.md", out / "plan.json", tuple(plots), out / "plan.html")

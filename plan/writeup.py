@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from compaction_bench.bench.run.config import LOLO_CONTINUATIONS
-from compaction_bench.common.markdown import table
+from compaction_bench.common.markdown import figure, table
 from compaction_bench.common.resampling import quantile as hd_quantile
 from compaction_bench.plan.breakeven import BreakEven
 from compaction_bench.plan.check import checked_under
@@ -16,23 +16,11 @@ from compaction_bench.plan.fleettables import fleet_markdown
 from compaction_bench.plan.planner import Plan
 
 
-def fmt(value: float | None, digits: int = 2) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    if math.isinf(value):
-        return "inf"
-    if abs(value) >= 1000:
-        return f"{value:,.0f}"
-    if 0 < abs(value) < 10 ** -digits * 5:  # small money: significant digits, not zeros
-        return f"{value:.3g}"
-    return f"{value:.{digits}f}"
-
-
 def interval(values: Sequence[float | None] | None, digits: int = 2) -> str:
     if values is None:
         return ""
     low, high = values
-    return f" [{fmt(low, digits)}, {fmt(high, digits) if high is not None else 'inf'}]"
+    return f" [{figure(low, digits)}, {figure(high, digits) if high is not None else 'inf'}]"
 
 
 def _digits(unit: str) -> int:
@@ -85,7 +73,7 @@ def _capacity(plan: Plan, document: dict[str, Any], check: dict[str, Any] | None
         return []
     first = next(iter(plan.capacity.values()))
     slo = plan.config.target
-    target = f"{fmt(first.slo_s, 1)} s" + (interval(first.slo_ci, 1) if slo.relative else "")
+    target = f"{figure(first.slo_s, 1)} s" + (interval(first.slo_ci, 1) if slo.relative else "")
     lines = [f"## Agents per GPU (SLO {slo.label} = {target})", ""]
     if first.slo_reference is not None:
         lines += [f"The SLO is {slo.value:g}x {first.slo_reference.label(slo.quantile)}.", ""]
@@ -100,7 +88,8 @@ def _capacity(plan: Plan, document: dict[str, Any], check: dict[str, Any] | None
                      f"{_agents_ci(cap.n_slo_ci, 1, reach)}"
                      f"{' (extrapolated)' if cap.n_slo_extrapolated else ''}",
                      f"{cap.kv_cap or '-'}{_lifted(cap, 'KV cache')}",
-                     f"{cap.seq_cap or '-'} (duty {fmt(cap.duty)}){_lifted(cap, 'max_num_seqs')}",
+                     f"{cap.seq_cap or '-'} (duty {figure(cap.duty)})"
+                     f"{_lifted(cap, 'max_num_seqs')}",
                      _fit_n(cap)])
     lines += table(["arm", f"agents per replica ({engine.gpus_per_replica} GPU)",
                     "agents per GPU", "binding limit", "N meeting the SLO", "KV-cache cap",
@@ -125,14 +114,14 @@ def _capacity(plan: Plan, document: dict[str, Any], check: dict[str, Any] | None
               for line in (_against_measured(cap), _sampling_only(cap),
                            _few_continuations(cap)) if line]
     lines += [f"- {arm}: N={lv.level}: {lv.censored} of {lv.n_all} continuations were censored "
-              f"at the arm wall limit (TimeExceeded after {fmt(lv.censored_at_s, 0)} s): they "
+              f"at the arm wall limit (TimeExceeded after {figure(lv.censored_at_s, 0)} s): they "
               "count as misses, ranked above every finished one, since their true times are "
               "only known to be longer; raise ARM_WALL_S above the SLO to measure them"
               for arm, cap in plan.capacity.items()
               for lv in sorted([*cap.levels, *cap.excluded], key=lambda lv: lv.level)
               if lv.censored]
     source = engine.kv_source or "not recorded"
-    lines += ["", f"KV pool: {fmt(engine.kv_pool_tokens, 0)} tokens ({source}); resident "
+    lines += ["", f"KV pool: {figure(engine.kv_pool_tokens, 0)} tokens ({source}); resident "
               "tokens per agent = the SLO's quantile of each "
               "continuation's largest request; the sequence cap is max_num_seqs over the "
               "agent's duty at the lowest level (plan/capacity.py). Both caps are heuristics: "
@@ -158,11 +147,11 @@ def _capacity(plan: Plan, document: dict[str, Any], check: dict[str, Any] | None
         if f is None:
             rows.append([arm, "-", "-", "-", "-", "-"])
             continue
-        rows.append([arm, f"{fmt(f.agents, 0)}", f"{fmt(f.tasks_per_gpu_hour, 1)}"
+        rows.append([arm, f"{figure(f.agents, 0)}", f"{figure(f.tasks_per_gpu_hour, 1)}"
                      f"{interval(f.tasks_per_gpu_hour_ci, 1)}",
-                     f"{fmt(f.gpu_s_per_task)}{interval(f.gpu_s_per_task_ci)}",
-                     f"{fmt(f.cost_per_task, _digits(f.cost_unit))} {f.cost_unit}",
-                     fmt(f.joules_per_task, 0)])
+                     f"{figure(f.gpu_s_per_task)}{interval(f.gpu_s_per_task_ci)}",
+                     f"{figure(f.cost_per_task, _digits(f.cost_unit))} {f.cost_unit}",
+                     figure(f.joules_per_task, 0)])
     lines += table(["arm", "agents per replica", "tasks per GPU-hour", "GPU-s per task",
                     "cost per task", "J per task"], rows)
     lines += [f"- {arm}: {f.note}" for arm, f in plan.operating.items() if f and f.note]
@@ -246,7 +235,7 @@ def _censored_note(count: int) -> str:
 def _unbounded(value: float | None, digits: int = 0, reach: float | None = None) -> str:
     if value is not None and math.isinf(value):
         return "unbounded" if reach is None or math.isinf(reach) else f"> {reach:g}"
-    return fmt(value, digits)
+    return figure(value, digits)
 
 
 def _agents(value: int | None, beyond: float | None = None) -> str:
@@ -258,7 +247,7 @@ def _agents(value: int | None, beyond: float | None = None) -> str:
 def _per_gpu(cap: Any) -> str:
     if cap.beyond is not None:
         return f"> {cap.beyond / cap.gpus_per_replica:g}"
-    return "unbounded" if cap.agents_per_gpu is None else fmt(cap.agents_per_gpu, 1)
+    return "unbounded" if cap.agents_per_gpu is None else figure(cap.agents_per_gpu, 1)
 
 
 def _agents_ci(values: Sequence[float], digits: int = 0, reach: float | None = None) -> str:
@@ -292,12 +281,12 @@ def _levels(plan: Plan) -> list[str]:
             rows.append([arm, str(lv.level), str(lv.n),
                          f"{lv.failed}{_censored_note(lv.censored)}",
                          "missed (failures)" if j is None else
-                         f"{fmt(float(cap.quantiles[j]), 1)}{interval(cap.quantile_ci[j], 1)}",
-                         "-" if j is None or not lv.n else fmt(float(hd_quantile(
+                         f"{figure(float(cap.quantiles[j]), 1)}{interval(cap.quantile_ci[j], 1)}",
+                         "-" if j is None or not lv.n else figure(float(hd_quantile(
                              lv.times(other), lv.rank(quantile))), 1),
-                         fmt(lv.cycle_per_task_s, 1), fmt(lv.duty),
-                         f"{fmt(f.tasks_per_gpu_hour, 0)}{interval(f.tasks_per_gpu_hour_ci, 0)}",
-                         fmt(f.joules_per_task, 0)])
+                         figure(lv.cycle_per_task_s, 1), figure(lv.duty),
+                         f"{figure(f.tasks_per_gpu_hour, 0)}{interval(f.tasks_per_gpu_hour_ci, 0)}",
+                         figure(f.joules_per_task, 0)])
     lines += table(["arm", "N", "n", "failed", f"{q} {basis} s (SLO)", f"{q} {other} s",
                     "cycle s per completed task",
                     "duty", "tasks per GPU-hour", "J per task"], rows)
@@ -308,8 +297,8 @@ def _levels(plan: Plan) -> list[str]:
                          f"(this sweep has {len(cap.levels)})")
             continue
         lines.append(f"- {arm}: leave-one-level-out error of the fitted {q} (median absolute "
-                     f"percentage error): {fmt(cap.lolo_mape, 1)}% between measured levels, "
-                     f"{fmt(cap.lolo_mape_all, 1)}% with the end levels extrapolated "
+                     f"percentage error): {figure(cap.lolo_mape, 1)}% between measured levels, "
+                     f"{figure(cap.lolo_mape_all, 1)}% with the end levels extrapolated "
                      f"({len(cap.lolo)} levels). {_lolo_coverage(cap)}")
     lines.append("- Every figure marked *extrapolated* lies beyond the measured levels, where "
                  "the curve is its last segment's straight line: measure those levels to rely "
@@ -340,14 +329,16 @@ def _breakeven_rows(rows: list[BreakEven]) -> list[list[str]]:
     for be in rows:
         if be.n_pairs == 0:
             continue
-        uses = (f"{fmt(be.uses)}{interval(be.uses_ci)}; first whole: {be.uses_whole or 'inf'}"
+        uses = (f"{figure(be.uses)}{interval(be.uses_ci)}; first whole: {be.uses_whole or 'inf'}"
                 if be.one_time is not None else
-                f"{fmt(be.uses_per_unit, 3)} uses per {be.unit} of T_R")
+                f"{figure(be.uses_per_unit, 3)} uses per {be.unit} of T_R")
         out.append([be.arm, be.condition, str(be.n_pairs),
-                    f"{fmt(be.reference_mean)} / {fmt(be.arm_mean)}",
-                    f"{fmt(be.saving, 3)}{interval(be.saving_ci, 3)}", fmt(be.p_no_saving),
-                    fmt(be.one_time, 3), uses,
-                    f"{fmt(be.serial)} / {fmt(be.amortized.get(3))}" if be.amortized else "-"])
+                    f"{figure(be.reference_mean)} / {figure(be.arm_mean)}",
+                    f"{figure(be.saving, 3)}{interval(be.saving_ci, 3)}",
+                    figure(be.p_no_saving),
+                    figure(be.one_time, 3), uses,
+                    f"{figure(be.serial)} / {figure(be.amortized.get(3))}"
+                    if be.amortized else "-"])
     return out
 
 
@@ -385,10 +376,10 @@ def _regimes(plan: Plan) -> list[str]:
         return []
     lines = ["## Per task in the regime blocks", ""]
     rows = [[f.arm, f.condition, str(f.n),
-             f"{fmt(f.gpu_s_per_task)}{interval(f.gpu_s_per_task_ci)}",
-             f"{fmt(f.cost_per_task, _digits(f.cost_unit))} {f.cost_unit}"
+             f"{figure(f.gpu_s_per_task)}{interval(f.gpu_s_per_task_ci)}",
+             f"{figure(f.cost_per_task, _digits(f.cost_unit))} {f.cost_unit}"
              if f.cost_per_task is not None else "-",
-             fmt(f.joules_per_task, 0), f.note] for f in plan.regime_figures]
+             figure(f.joules_per_task, 0), f.note] for f in plan.regime_figures]
     lines += table(["arm", "regime", "n", "GPU-s per task", "cost per task", "J per task",
                     "how"], rows)
     return [*lines, ""]
@@ -402,19 +393,19 @@ def _simulation(plan: Plan) -> list[str]:
     lines = ["## Simulated levels (device cost model)", "",
              f"A SimPy fleet simulator replays measured continuations against the cost model "
              f"`{sim.source}` ({sim.device}; its own held-out error: prefill "
-             f"{fmt(sim.heldout_mape.get('prefill'), 1)}%, decode "
-             f"{fmt(sim.heldout_mape.get('decode'), 1)}%).", ""]
+             f"{figure(sim.heldout_mape.get('prefill'), 1)}%, decode "
+             f"{figure(sim.heldout_mape.get('decode'), 1)}%).", ""]
     rows = []
     for arm, levels in sim.levels.items():
         moved = {lv.level: lv for lv in sim.transferred.get(arm, [])}
         for lv in levels:
             other = moved.get(lv.level)
-            row = [arm, str(lv.level), fmt(lv.predicted_s, 1), fmt(lv.measured_s, 1),
-                   fmt(lv.ape_pct, 1), "no" if lv.in_measured_range else "yes"]
-            rows.append([*row, fmt(other.predicted_s, 1) if other else "-"]
+            row = [arm, str(lv.level), figure(lv.predicted_s, 1), figure(lv.measured_s, 1),
+                   figure(lv.ape_pct, 1), "no" if lv.in_measured_range else "yes"]
+            rows.append([*row, figure(other.predicted_s, 1) if other else "-"]
                         if sim.transfer_device else row)
         lines.append(f"- {arm}: simulator error on the measured levels (median APE of the "
-                     f"{q}): {fmt(sim.mape(arm), 1)}%")
+                     f"{q}): {figure(sim.mape(arm), 1)}%")
     header = ["arm", "N", f"simulated {q} s", f"measured {q} s", "APE %", "beyond measured"]
     if sim.transfer_device:
         header.append(f"on {sim.transfer_device} (unvalidated)")

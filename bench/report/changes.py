@@ -12,13 +12,13 @@ from __future__ import annotations
 import math
 
 from compaction_bench.bench.analysis.stats import PairedChange
-from compaction_bench.common.markdown import MISSING
+from compaction_bench.common.markdown import MISSING, percent
 
 CLEAN_CONTEXT = "clean median (context, not the change's base)"
 
 
 def _pct(value: float, digits: int) -> str:
-    return f"{value:+.{digits}f}%"
+    return percent(value, digits, sign=True)
 
 
 def median_text(change: PairedChange, digits: int = 2) -> str:

@@ -2,6 +2,9 @@
 as Markdown with linked PNG files and as one self-contained HTML page with embedded PNGs.
 
 Both renderings walk the same document, so the Markdown and HTML reports cannot disagree.
+`from_markdown` reads back the Markdown this suite writes (the plan's plan.md: headings, quotes,
+paragraphs, bullets, `common.markdown.table` tables and plot links), so the plan's HTML comes
+from the same renderer as the report's.
 """
 
 from __future__ import annotations
@@ -31,6 +34,13 @@ class Table:
 
 
 @dataclass(frozen=True)
+class Subheading:
+    """A heading inside a section (### in Markdown)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
 class Image:
     """A PNG figure; `name` is its file name under the report's plots/ folder."""
 
@@ -39,7 +49,7 @@ class Image:
     caption: str
 
 
-Part = Paragraph | Bullets | Table | Image
+Part = Paragraph | Bullets | Table | Image | Subheading
 
 
 @dataclass
@@ -64,10 +74,12 @@ class Document:
 def to_markdown(document: Document, plots_dir: str = "plots") -> str:
     out = [f"# {document.title}", ""]
     for section in document.sections:
-        out += [f"## {section.title}", ""]
+        out += [f"## {section.title}", ""] if section.title else []
         for part in section.parts:
             if isinstance(part, Paragraph):
                 out += [part.text, ""]
+            elif isinstance(part, Subheading):
+                out += [f"### {part.text}", ""]
             elif isinstance(part, Bullets):
                 out += [f"- {item}" for item in part.items] + [""]
             elif isinstance(part, Table):
@@ -97,10 +109,13 @@ def to_html(document: Document) -> str:
         f"<h1>{e(document.title)}</h1>",
     ]
     for section in document.sections:
-        out.append(f"<h2>{e(section.title)}</h2>")
+        if section.title:
+            out.append(f"<h2>{e(section.title)}</h2>")
         for part in section.parts:
             if isinstance(part, Paragraph):
                 out.append(f"<p>{e(part.text)}</p>")
+            elif isinstance(part, Subheading):
+                out.append(f"<h3>{e(part.text)}</h3>")
             elif isinstance(part, Bullets):
                 out.append("<ul>" + "".join(f"<li>{e(i)}</li>" for i in part.items) + "</ul>")
             elif isinstance(part, Table):
@@ -121,3 +136,85 @@ def to_html(document: Document) -> str:
                 )
     out.append("</body></html>")
     return "\n".join(out)
+
+
+def _cells(line: str) -> tuple[str, ...]:
+    """A `common.markdown.table` row's cells, unescaped (`\\|` and `<br>`)."""
+    inner = line.strip()[1:-1]
+    cells, cell, i = [], "", 0
+    while i < len(inner):
+        if inner.startswith("\\|", i):
+            cell, i = cell + "|", i + 2
+        elif inner[i] == "|":
+            cells.append(cell)
+            cell, i = "", i + 1
+        else:
+            cell, i = cell + inner[i], i + 1
+    cells.append(cell)
+    return tuple(c.strip().replace("<br>", "\n") for c in cells)
+
+
+def from_markdown(text: str, images: dict[str, bytes] | None = None) -> Document:
+    """The document of Markdown this suite writes (module docstring): `# ` the title, `## ` a
+    section, `### ` a subheading, `> ` and other lines paragraphs (consecutive lines joined),
+    `- ` bullets, `|` rows a table, `![caption](plots/<name>)` a figure whose PNG is
+    `images[name]` (a link to a PNG not given stays a paragraph)."""
+    title, sections = "", [Section("")]
+    lines = text.splitlines()
+    i = 0
+
+    def add(part: Part) -> None:
+        sections[-1].add(part)
+
+    while i < len(lines):
+        line = lines[i]
+        if not line.strip():
+            i += 1
+        elif line.startswith("# ") and not title:
+            title, i = line[2:].strip(), i + 1
+        elif line.startswith("## "):
+            sections.append(Section(line[3:].strip()))
+            i += 1
+        elif line.startswith("### "):
+            add(Subheading(line[4:].strip()))
+            i += 1
+        elif line.startswith("|"):
+            rows = []
+            while i < len(lines) and lines[i].startswith("|"):
+                rows.append(lines[i])
+                i += 1
+            body = [r for r in rows[1:] if not set(r.replace("|", "").strip()) <= {"-", ":"}]
+            add(Table(_cells(rows[0]), tuple(_cells(r) for r in body)))
+        elif line.startswith("- "):
+            items = []
+            while i < len(lines) and lines[i].startswith(("- ", "  ")) and lines[i].strip():
+                if lines[i].startswith("- "):
+                    items.append(lines[i][2:].strip())
+                else:
+                    items[-1] += " " + lines[i].strip()
+                i += 1
+            add(Bullets(tuple(items)))
+        elif (found := _image(line)) is not None and found[1] in (images or {}):
+            caption, name = found
+            add(Image(name, (images or {})[name], caption))
+            i += 1
+        else:
+            paragraph = []
+            while i < len(lines) and lines[i].strip() and not lines[i].startswith(
+                    ("#", "|", "- ", "![")):
+                paragraph.append(lines[i].removeprefix("> ").strip())
+                i += 1
+            if not paragraph:  # an image line whose PNG was not given
+                paragraph, i = [line.strip()], i + 1
+            add(Paragraph(" ".join(paragraph)))
+    kept = tuple(s for s in sections if s.title or s.parts)
+    return Document(title, kept)
+
+
+def _image(line: str) -> tuple[str, str] | None:
+    """(caption, file name) of a `![caption](plots/<name>)` line."""
+    text = line.strip()
+    if not (text.startswith("![") and text.endswith(")") and "](" in text):
+        return None
+    caption, link = text[2:-1].split("](", 1)
+    return caption, link.rsplit("/", 1)[-1]

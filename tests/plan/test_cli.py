@@ -48,6 +48,21 @@ def test_a_sweep_gets_the_whole_plan(make_sweep: Callable[..., Path]) -> None:
     assert {p.name for p in (run / "plots").iterdir()} == {
         "plan_curve.png", "plan_gpus.png", "plan_breakeven.png"}
     assert "plots/plan_curve.png" in document["plots"]
+    # plan.html: plan.md through the report's renderer, every table cell and heading in it,
+    # the three plots embedded (issue 31: one renderer for both documents)
+    import html as html_lib
+
+    from compaction_bench.bench.report.document import Table, from_markdown
+
+    page = (run / "plan.html").read_text()
+    assert f"html:  {run / 'plan.html'}" in done.stdout
+    assert page.count("data:image/png;base64,") == 3
+    parsed = from_markdown(text)
+    assert [s.title for s in parsed.sections if s.title] == [
+        line[3:] for line in text.splitlines() if line.startswith("## ")]
+    cells = [c for s in parsed.sections for part in s.parts if isinstance(part, Table)
+             for row in (part.header, *part.rows) for c in row]
+    assert cells and all(html_lib.escape(c).replace("\n", "<br>") in page for c in cells)
 
 
 def test_the_study_records_say_what_they_cannot_support(tmp_path: Path) -> None:

@@ -49,7 +49,8 @@ class FakeProcess:
              "--step-ms-per-seq", str(c.step_ms_per_seq), "--block-tokens",
              str(c.block_tokens), "--cache-tokens", str(c.cache_tokens),
              *(["--default-content", c.default_content] if c.default_content is not None
-               else [])],
+               else []),
+             *(["--answer-as", c.answer_as] if c.answer_as is not None else [])],
             stdout=subprocess.PIPE, text=True, start_new_session=True)
         assert self.process.stdout is not None
         line = self.process.stdout.readline()

@@ -97,6 +97,9 @@ class FakeConfig:
     step_ms_per_seq: float = StepModel.step_ms_per_seq
     block_tokens: int = StepModel.block_tokens
     cache_tokens: int = StepModel.cache_tokens
+    # every response names this model, whatever was asked: a server that answers as another
+    # model than the run is configured for (a hosted name that moved to a new model)
+    answer_as: str | None = None
 
     def __post_init__(self) -> None:
         problems = self.step_model().problems()
@@ -334,7 +337,8 @@ class FakeServer:
                  **(reply.get("usage") or {})}
         finish = reply.get("finish_reason") or ("tool_calls" if calls else
                                                 "stop" if scripted else "length")
-        rid, model = f"chatcmpl-{uuid.uuid4().hex[:16]}", body.get("model", cfg.models[0])
+        rid = f"chatcmpl-{uuid.uuid4().hex[:16]}"
+        model = cfg.answer_as or body.get("model", cfg.models[0])
         self.state.requests += 1
         self.state.prompt_tokens += prompt
         self.state.running += 1
@@ -600,6 +604,8 @@ def main(argv: list[str] | None = None) -> None:
     engine.add_argument("--cache-tokens", type=int, metavar="T",
                         default=StepModel.cache_tokens,
                         help="prefix-cache capacity in tokens, LRU (0: unlimited)")
+    parser.add_argument("--answer-as", default=None, metavar="MODEL",
+                        help="every response names this model (a server answering as another)")
     args = parser.parse_args(argv)
     try:
         config = FakeConfig(
@@ -609,7 +615,7 @@ def main(argv: list[str] | None = None) -> None:
             engine=args.engine, prefill_ms_per_token=args.prefill_ms_per_token,
             cache_discount=args.cache_discount, step_ms=args.step_ms,
             step_ms_per_seq=args.step_ms_per_seq, block_tokens=args.block_tokens,
-            cache_tokens=args.cache_tokens)
+            cache_tokens=args.cache_tokens, answer_as=args.answer_as)
     except ValueError as err:
         parser.exit(2, f"fakeserver: error: {err}\n")
     with contextlib.suppress(KeyboardInterrupt):

@@ -149,23 +149,30 @@ def _check_names(probe: _Probe) -> CheckResult:
     names = probe.profile.model.served_names
     ids = [m.get("id") for m in probe.server.models() or []]
     missing = [n for n in names if n not in ids]
-    failed = []
-    timings = {}
+    failed, others = [], []
+    timings: dict[str, float | None] = {}
+    answered: dict[str, str | None] = {}  # name asked -> the model the response names
     for name in names:
         response = probe.chat({"model": name, "max_tokens": 4, "messages": [
             {"role": "user", "content": "Say OK."}]})
         r = response.record
         timings[name] = None if r.end_s is None else round(r.end_s - r.sent_s, 3)
+        answered[name] = r.served_model
         if not r.ok:
             failed.append(f"{name} ({_error(response)})")
-    if failed or missing:
+        elif r.served_model is not None and r.served_model not in names:
+            # vLLM names its first served name whatever alias was asked: any of them is fine
+            others.append(f"{name} answered as '{r.served_model}'")
+    data = {"listed": ids, "seconds": timings, "answered_as": answered}
+    if failed or missing or others:
         detail = "; ".join(([f"not listed by /v1/models: {', '.join(missing)}"] if missing
-                            else []) + ([f"no answer from {', '.join(failed)}"] if failed else []))
+                            else []) + ([f"no answer from {', '.join(failed)}"] if failed else [])
+                           + ([f"another model answered: {', '.join(others)}"] if others
+                              else []))
         return CheckResult("served names", "fail", detail, "serve every name of "
-                           "model.served_names from one engine (`make serve` does)",
-                           {"listed": ids, "seconds": timings})
+                           "model.served_names from one engine (`make serve` does)", data)
     return CheckResult("served names", "pass", f"{', '.join(names)} listed and answering",
-                       data={"listed": ids, "seconds": timings})
+                       data=data)
 
 
 def _cache_checks(probe: _Probe, config: dict[str, str]) -> list[CheckResult]:

@@ -93,6 +93,8 @@ class _Stream:
         self.chunk_times: list[float] = []
         self.end_s: float | None = None
         self.usage: dict[str, Any] = {}
+        self.served_model: str | None = None  # the first `model` the response names
+        self.spec_decode: dict[str, int] | None = None  # speculative decoding, where stated
         self.finish_reason: str | None = None
         self.http_status: int | None = None
         self.content: list[str] = []
@@ -145,7 +147,8 @@ class _Stream:
         content, reasoning = "".join(self.content), "".join(self.reasoning)
         record = RequestRecord(
             request_id=self.request.request_id, sent_s=self.sent_s, status=self.status,
-            model=self.request.model, intended_send_s=self.request.intended_send_s,
+            model=self.request.model, served_model=self.served_model,
+            intended_send_s=self.request.intended_send_s,
             first_token_s=self.first_token_s, end_s=self.end_s,
             chunk_times_s=tuple(self.chunk_times),
             prompt_tokens=_int(usage.get("prompt_tokens")),
@@ -156,6 +159,7 @@ class _Stream:
             if isinstance(completion_details, dict) else None,
             error=self.error, http_status=self.http_status, finish_reason=self.finish_reason,
             text_chars=len(content) + len(reasoning), session_id=self.request.session_id,
+            spec_decode=self.spec_decode,
             labels={"kv_prefix": prefix_label(self.prompt_ids, self.output_ids)}
             if self.prompt_ids is not None else {})
         calls = tuple(self.calls[i] for i in sorted(self.calls))
@@ -365,6 +369,7 @@ class StreamClient:
         if not isinstance(chunk, dict):
             raise ValueError(f"malformed stream event (not an object): {event[:80]!r}")
         choices = chunk.get("choices")
+        _take_model(got, chunk)
         _take_prompt_ids(got, chunk)
         if "error" in chunk and not choices:
             raise ValueError(f"server error in stream: {str(chunk['error'])[:300]}")
@@ -384,6 +389,7 @@ class StreamClient:
                 got.finish_reason = choice["finish_reason"]
         if isinstance(chunk.get("usage"), dict):
             got.usage = chunk["usage"]
+        _take_spec_decode(got, chunk)
 
     def _read_whole(self, response: http.client.HTTPResponse, got: _Stream) -> None:
         data = response.read()
@@ -400,12 +406,36 @@ class StreamClient:
         if not isinstance(message, dict):
             raise ValueError("the completion's message is not an object")
         got.take(message, got.end_s, stamp=False)
+        _take_model(got, body)
         _take_prompt_ids(got, body)
         _take_output_ids(got, choice)
         got.finish_reason = choice.get("finish_reason")
         if isinstance(body.get("usage"), dict):
             got.usage = body["usage"]
+        _take_spec_decode(got, body)
         got.status = "ok"
+
+
+# vLLM's per-request speculative-decoding metrics (`metrics.speculative_decoding` of the final
+# usage chunk, or of a whole response: vllm/entrypoints/generate/base/protocol.py
+# SpeculativeDecodingMetrics, vLLM 0.32) -> the record's names
+SPEC_FIELDS = {"num_spec_steps": "steps", "num_draft_tokens": "draft_tokens",
+               "num_accepted_draft_tokens": "accepted_tokens", "num_spec_tokens": "spec_tokens"}
+
+
+def _take_spec_decode(got: _Stream, chunk: dict[str, Any]) -> None:
+    metrics = chunk.get("metrics")
+    spec = metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
+    if not isinstance(spec, dict):
+        return
+    values = {ours: spec.get(theirs) for theirs, ours in SPEC_FIELDS.items()}
+    if all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values.values()):
+        got.spec_decode = {k: int(v) for k, v in values.items() if v is not None}
+
+
+def _take_model(got: _Stream, chunk: dict[str, Any]) -> None:
+    if got.served_model is None and isinstance(chunk.get("model"), str):
+        got.served_model = chunk["model"]
 
 
 def _take_prompt_ids(got: _Stream, chunk: dict[str, Any]) -> None:

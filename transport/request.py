@@ -35,7 +35,10 @@ class RequestRecord:
     source: str = ""
     regime: str = ""
     block: int | None = None
-    model: str | None = None
+    model: str | None = None  # the model asked for
+    # the model the response names (its `model` field): which model answered, as the server
+    # says (vLLM names its first served name whatever alias was asked)
+    served_model: str | None = None
     intended_send_s: float | None = None
     first_token_s: float | None = None
     end_s: float | None = None
@@ -49,6 +52,10 @@ class RequestRecord:
     finish_reason: str | None = None
     text_chars: int = 0
     session_id: str | None = None
+    # speculative decoding, as the response states it (vLLM's per-request metrics, served with
+    # --per-request-spec-decode-metrics): steps, draft_tokens, accepted_tokens, spec_tokens;
+    # None where the server ran none or did not say
+    spec_decode: dict[str, int] | None = None
     labels: dict[str, Any] = field(default_factory=dict)
 
     @property

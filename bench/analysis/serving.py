@@ -134,6 +134,8 @@ def requests_table(records: RunRecords) -> pd.DataFrame:
         derived = request_values(request)
         row = request.to_json()
         row["labels"] = json.dumps(request.labels, sort_keys=True, ensure_ascii=False)
+        row["spec_decode"] = (json.dumps(request.spec_decode, sort_keys=True)
+                              if request.spec_decode is not None else None)
         row["chunk_times_s"] = list(request.chunk_times_s)
         row.update({
             "ttft_s": derived["ttft"], "tpot_s": derived["tpot"], "e2el_s": derived["e2el"],

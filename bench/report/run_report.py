@@ -58,6 +58,7 @@ from compaction_bench.bench.report.sections import (
     serving_sections,
     trust_sections,
 )
+from compaction_bench.bench.report.specdecode import spec_sections
 from compaction_bench.bench.runfolder import REFERENCE_ARM, RunRecords, read_run
 from compaction_bench.common.files import write_bytes_atomic, write_json_atomic, write_text_atomic
 from compaction_bench.common.markdown import MISSING, percent
@@ -358,7 +359,7 @@ def build_document(analysis: RunAnalysis, images: Mapping[str, bytes | None]) ->
         *(replay_sections(replay, analysis.arms) if replay else ()),
         sensitivity, failures, rewrite, tokens, *policy_sections(analysis),
         per_block, *trust_sections(analysis), *serving_sections(analysis, images),
-        *replica_sections(analysis),
+        *replica_sections(analysis), *spec_sections(analysis),
     ))
 
 

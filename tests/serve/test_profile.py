@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -9,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from compaction_bench.common.paths import repo_root
-from compaction_bench.serve.command import ALWAYS_ON, ServerConfig, build_command
+from compaction_bench.serve.command import ServerConfig, build_command, build_env
+from compaction_bench.serve.engines.vllm import ALWAYS_ON
 from compaction_bench.serve.errors import EngineUnavailableError, ProfileError
 from compaction_bench.serve.profile import (
     PROFILE_DIR,
@@ -22,6 +24,7 @@ from compaction_bench.serve.versions import check_vllm_version
 SHIPPED = {
     "cpu-tiny",
     "b300-deepseek-v4-flash-nvfp4",
+    "b300-deepseek-v4-flash-0731",
     "h200x2-deepseek-v4-flash",
     "h200-gpt-oss-120b",
     "h100-qwen3-30b-a3b-thinking",
@@ -145,7 +148,7 @@ CUDA_PROFILES = [n for n in known_profiles() if load_profile(n).engine == "cuda"
 
 
 def test_every_gpu_profile_pins_vllm_with_reasons_and_cites_its_recipe() -> None:
-    assert len(CUDA_PROFILES) == 4
+    assert len(CUDA_PROFILES) == 5
     for name in CUDA_PROFILES:
         p = load_profile(name)
         assert p.vllm.pinned == "0.33.0", name
@@ -251,3 +254,64 @@ def test_fake_engine_profile_runs_the_suite_fake_server_not_vllm() -> None:
     cmd = build_command(ServerConfig(profile=profile, port=8123), "fake")
     assert cmd[1:3] == ["-m", "compaction_bench.loadgen.fakeserver"] and "vllm" not in " ".join(cmd)
     assert cmd[cmd.index("--port") + 1] == "8123" and "--ttft-ms" in cmd
+
+
+def test_a_set_capture_size_covers_a_decode_step_with_every_draft_token() -> None:
+    """Issue 32: at 32 sequences x (1 + 7) DSpark tokens a decode step is 256 query tokens
+    (vLLM's uniform_decode_query_len); a capture size below it runs those steps without CUDA
+    graphs. Every profile that sets one covers max_num_seqs x (1 + k)."""
+    checked = []
+    for name in known_profiles():
+        p = load_profile(name)
+        args = list(p.engine_args.extra_args)
+        if "--max-cudagraph-capture-size" not in args:
+            continue  # vLLM's own default covers max_num_seqs x (1 + k) x 2, capped
+        size = int(args[args.index("--max-cudagraph-capture-size") + 1])
+        spec = p.features.speculative
+        drafts = int(spec.config.get("num_speculative_tokens", 0)) if spec else 0
+        assert size >= p.engine_args.max_num_seqs * (1 + drafts), (name, size, drafts)
+        checked.append(name)
+    assert {"b300-deepseek-v4-flash-0731", "b300-deepseek-v4-flash-nvfp4"} <= set(checked)
+
+
+def test_the_current_recipe_stack_is_its_own_profile_beside_the_studys() -> None:
+    current = load_profile("b300-deepseek-v4-flash-0731")
+    study = load_profile("b300-deepseek-v4-flash-nvfp4")
+    assert current.model.source == "deepseek-ai/DeepSeek-V4-Flash-0731"
+    assert study.model.source == "nvidia/DeepSeek-V4-Flash-NVFP4"  # reproducible as it ran
+    assert current.features.speculative is not None
+    assert current.features.speculative.config == {
+        "method": "dspark", "num_speculative_tokens": 7, "draft_sample_method": "probabilistic"}
+    assert default_profile(["NVIDIA B300"]) == study.name  # a plain `make serve` is unchanged
+    on = build_command(ServerConfig(profile=current.with_features(speculative=True)), "m")
+    assert json.loads(on[on.index("--speculative-config") + 1])["method"] == "dspark"
+
+
+def test_engine_ready_timeouts_follow_the_recipe(tmp_path: Path) -> None:
+    for name in ("b300-deepseek-v4-flash-0731", "b300-deepseek-v4-flash-nvfp4",
+                 "h200x2-deepseek-v4-flash"):
+        p = load_profile(name)
+        assert p.env["VLLM_ENGINE_READY_TIMEOUT_S"] == "3600", name
+        assert p.ready_timeout_s == 3900.0  # the launcher outwaits vLLM's own limit
+        assert build_env(ServerConfig(profile=p))["VLLM_ENGINE_READY_TIMEOUT_S"] == "3600"
+    assert load_profile("cpu-tiny").ready_timeout_s == 900.0
+    path = _write(tmp_path, GOOD.replace(
+        "[env]\n", '[env]\nVLLM_ENGINE_READY_TIMEOUT_S = "an hour"\n', 1))
+    with pytest.raises(ProfileError, match=r"VLLM_ENGINE_READY_TIMEOUT_S='an hour' must be a "
+                       r"whole number of seconds"):
+        load_profile(str(path))
+
+
+def test_kv_offload_is_the_recipes_connector_opt_in_and_refused_where_unverified() -> None:
+    """Issue 32: KV offload, the alternative a team weighs against compaction: keep the long
+    history, move its KV to CPU memory. The recipe's OffloadingConnector, off by default."""
+    p = load_profile("b300-deepseek-v4-flash-0731")
+    assert p.features.kv_offload is not None and not p.features.kv_offload.enabled
+    assert "--kv-transfer-config" not in build_command(ServerConfig(profile=p), "m")
+    on = build_command(ServerConfig(profile=p.with_features(kv_offload=True)), "m")
+    config = json.loads(on[on.index("--kv-transfer-config") + 1])
+    assert config["kv_connector"] == "OffloadingConnector" and config["kv_role"] == "kv_both"
+    assert config["kv_connector_extra_config"]["cpu_bytes_to_use"] == 512 * 2**30
+    with pytest.raises(ProfileError, match=r"^profile 'cpu-tiny' offers no KV offload \(its "
+                       r"recipe verifies none\); drop KV_OFFLOAD=1$"):
+        load_profile("cpu-tiny").with_features(kv_offload=True)

@@ -36,22 +36,27 @@ def _parser() -> Any:
     raise AssertionError(f"no make_arg_parser in vLLM {_vllm_version()}")
 
 
-def _variants() -> list[tuple[str, bool]]:
+def _variants() -> list[tuple[str, str]]:
+    """Each vLLM profile as it ships, and with each opt-in feature its recipe offers turned on
+    (speculative decoding adds --per-request-spec-decode-metrics; KV offload its connector)."""
     out = []
     for name in known_profiles():
-        if load_profile(name).engine == "fake":  # runs loadgen.fakeserver, not vLLM
+        profile = load_profile(name)
+        if profile.engine == "fake":  # runs loadgen.fakeserver, not vLLM
             continue
-        out.append((name, False))
-        if load_profile(name).features.speculative is not None:
-            out.append((name, True))
+        out.append((name, "plain"))
+        if profile.features.speculative is not None:
+            out.append((name, "speculative"))
+        if profile.features.kv_offload is not None:
+            out.append((name, "kv_offload"))
     return out
 
 
-@pytest.mark.parametrize(("name", "speculative"), _variants())
-def test_installed_vllm_parses_every_profile_command(name: str, speculative: bool) -> None:
+@pytest.mark.parametrize(("name", "feature"), _variants())
+def test_installed_vllm_parses_every_profile_command(name: str, feature: str) -> None:
     profile = load_profile(name)
-    if speculative:
-        profile = profile.with_features(speculative=True)
+    if feature != "plain":
+        profile = profile.with_features(**{feature: True})
     argv = build_command(ServerConfig(profile=profile, api_key="k"), "/models/m")[3:]
     errors = io.StringIO()
     try:
@@ -64,4 +69,7 @@ def test_installed_vllm_parses_every_profile_command(name: str, speculative: boo
     if profile.engine_args.prefix_cache_retention_interval is not None:
         assert args.prefix_cache_retention_interval == \
             profile.engine_args.prefix_cache_retention_interval
-    assert (args.speculative_config is not None) == speculative
+    assert (args.speculative_config is not None) == (feature == "speculative")
+    if feature == "speculative":
+        assert args.per_request_spec_decode_metrics == "summary"
+    assert (args.kv_transfer_config is not None) == (feature == "kv_offload")

@@ -33,7 +33,7 @@ from compaction_bench.histories.compaction.compactor import (
     IDENTITY_MAX_WORDS,
     CompressorConfig,
     external_compressor,
-    self_compressor,
+    profile_compressor,
 )
 from compaction_bench.histories.compaction.endpoint import EndpointConfig
 from compaction_bench.histories.compaction.judge import JudgeConfig, check_gate
@@ -187,20 +187,18 @@ def arms_cmd(
     with _compressor_url("self" in used, needed, target, base_url) as target_url, \
             _compressor_url("external" in used, needed, external, external_url) as ext_url:
         configs: dict[str, CompressorConfig] = {}
-        if ext_url is not None:
-            per_word = cap_per_word if cap_per_word or external_url else (
-                external.profile.model.compressor_tokens_per_raw_word)
-            # the rewrite cache's identity names the model that answers where it is known
-            # (the embedded compressor); an --external-url's URL stands for its model
+        if ext_url is not None and external_url:
+            # an external_url names no model: its URL stands for it in the rewrite cache's
+            # identity, and its cap is the study's fixed one unless cap_per_word is given
             configs["external"] = external_compressor(
-                ext_url, model=c.external_model, prompt=c.prompt, max_tokens_per_raw_word=per_word,
-                cache_tag="" if external_url else external.profile.model.source)
+                ext_url, model=c.external_model, prompt=c.prompt,
+                max_tokens_per_raw_word=cap_per_word)
+        elif ext_url is not None:
+            configs["external"] = profile_compressor("external", ext_url, external.profile,
+                                                     prompt=c.prompt, per_word=cap_per_word)
         if target_url is not None:
-            configs["self"] = self_compressor(
-                target_url, model=target.profile.model.compressor_name, prompt=c.prompt,
-                max_tokens_per_raw_word=(
-                    cap_per_word or target.profile.model.compressor_tokens_per_raw_word),
-                cache_tag=target.profile.model.source)
+            configs["self"] = profile_compressor("self", target_url, target.profile,
+                                                 prompt=c.prompt, per_word=cap_per_word)
         for path in paths:
             for r in write_arm_files(path, [*compacting, *stepwise], compressors=configs,
                                      scorer=proxy, judge=judge, gate=chosen_gate, seed=seed):

@@ -21,7 +21,7 @@ from compaction_bench.histories.compaction.compactor import (
     CompactionCache,
     CompressorConfig,
     external_compressor,
-    self_compressor,
+    profile_compressor,
 )
 from compaction_bench.histories.compaction.prompts import REWRITE_PROMPTS
 from compaction_bench.histories.format.history import load_history
@@ -62,10 +62,8 @@ def open_compressors(config: BenchConfig, profile: Profile, target_url: str, run
                          f"{', '.join(REWRITE_PROMPTS)}")
     # cache_tag: which model answers, so the rewrite cache's identity does not hang on a port
     # (EXTERNAL_URL names no model: its URL stands for it)
-    found = Compressors({"self": deadline(self_compressor(
-        target_url, model=profile.model.compressor_name, prompt=config.prompt,
-        max_tokens_per_raw_word=profile.model.compressor_tokens_per_raw_word,
-        cache_tag=profile.model.source), config)}, {})
+    found = Compressors({"self": deadline(profile_compressor(
+        "self", target_url, profile, prompt=config.prompt), config)}, {})
     from compaction_bench.histories.policies.registry import compressors_needed
 
     wanted = compressors_needed(config.arms) if needed is None else needed
@@ -88,10 +86,8 @@ def open_compressors(config: BenchConfig, profile: Profile, target_url: str, run
                       name="external-compressor",
                       events=run_dir / "helpers.jsonl", origin=origin)
     try:
-        found.configs["external"] = deadline(external_compressor(
-            lazy.config.api_url, prompt=config.prompt,
-            max_tokens_per_raw_word=embedded.model.compressor_tokens_per_raw_word,
-            cache_tag=embedded.model.source), config)
+        found.configs["external"] = deadline(profile_compressor(
+            "external", lazy.config.api_url, embedded, prompt=config.prompt), config)
 
         def ensure() -> None:
             started = time.monotonic()

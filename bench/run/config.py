@@ -180,10 +180,11 @@ class BenchConfig(BaseModel):
     router_metrics_url: str | None = Field(
         default=None, description="the router's own Prometheus endpoint (its per-replica "
         "request counts); default: that of `make serve REPLICAS=n` on PORT")
-    source: Literal["agent", "replay"] | None = Field(
+    source: str | None = Field(
         default=None, description="where each arm's continuation comes from: agent (a live "
         "agent acts from the fork with real tools) or replay (recorded reasoning-model turns "
-        "re-sent at their recorded lengths); default replay on CPU profiles, agent on GPU")
+        "re-sent at their recorded lengths), the sources of bench/run/sources.py; default "
+        "replay on CPU profiles, agent on GPU", pattern=r"^[a-z][a-z0-9_-]*$")
     records: tuple[str, ...] = Field(
         default=(), description="replay: the recorded continuations, one per block in turn "
         "(folder names under data/histories/study, folders or globs, comma-separated); default: "

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from compaction_bench.bench.run.config import BenchConfig
-from compaction_bench.bench.run.source import kind_of
+from compaction_bench.bench.run.sources import kind_of
 from compaction_bench.common.paths import repo_root
 from compaction_bench.common.provenance import git_commit, package_versions
 from compaction_bench.serve.hardware import describe_host

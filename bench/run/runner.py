@@ -44,7 +44,8 @@ from compaction_bench.bench.run.session import (
     Session,
     run_session,
 )
-from compaction_bench.bench.run.source import SourceKind, default_blocks
+from compaction_bench.bench.run.source import SourceKind
+from compaction_bench.bench.run.sources import default_blocks
 from compaction_bench.bench.run.stop import RunStop
 from compaction_bench.bench.run.telemetry import run_telemetry, service_probe
 from compaction_bench.bench.run.watchdog import Watchdog

@@ -36,13 +36,8 @@ from compaction_bench.bench.run.resume import (
     resumed_config,
     resumed_origin,
 )
-from compaction_bench.bench.run.source import (
-    Opened,
-    SourceKind,
-    default_source,
-    kind_of,
-    with_source_defaults,
-)
+from compaction_bench.bench.run.source import Opened, SourceKind
+from compaction_bench.bench.run.sources import default_source, kind_of, with_source_defaults
 from compaction_bench.bench.run.stop import RunStop
 from compaction_bench.bench.run.telemetry import measured_router, selfcheck
 from compaction_bench.bench.run.writer import RunWriter
@@ -53,9 +48,9 @@ from compaction_bench.histories.agent.chat import ChatModelConfig, config_for_pr
 from compaction_bench.histories.compaction.ledger import Ledger
 from compaction_bench.histories.tasks.task import Task
 from compaction_bench.serve.endpoints import server_version
+from compaction_bench.serve.engines import vllm as dialect
 from compaction_bench.serve.launcher import ServerConfig, server_for
 from compaction_bench.serve.profile import Profile, resolve_profile
-from compaction_bench.transport import dialect
 
 DEFAULT_KV_BLOCK = 16  # vLLM's KV block size where a profile sets none
 

@@ -60,6 +60,7 @@ from compaction_bench.histories.format.reasoning import (
     replace_block,
     thought_label,
 )
+from compaction_bench.serve.profile import Profile
 
 IDENTITY_MAX_WORDS = 12
 PAYLOAD_VERSION = 1  # the user-message layout below; recorded beside the prompt hash
@@ -127,6 +128,18 @@ def external_compressor(url: str, *, model: str = "compressor",
         name="external",
         endpoint=EndpointConfig(api_url=url, model=model, api_key_env=api_key_env),
         redact=True, **kwargs)
+
+
+def profile_compressor(name: str, url: str, profile: Profile, *, prompt: str,
+                       per_word: float | None = None) -> CompressorConfig:
+    """`self` or `external` served by a profile's own server at `url` (the one setup `make
+    bench` and `histories arms` share): the profile's compressor name for self, its draft cap
+    per raw word unless `per_word` overrides it, and the profile's model as the rewrite cache's
+    identity, so a cached rewrite never hangs on a port."""
+    make = self_compressor if name == "self" else external_compressor
+    model = profile.model.compressor_name if name == "self" else "compressor"
+    return make(url, model=model, prompt=prompt, max_tokens_per_raw_word=(
+        per_word or profile.model.compressor_tokens_per_raw_word), cache_tag=profile.model.source)
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,9 @@ environment), whether this machine can run it, and the metric names it exports.
 
 A profile names its engine in `server` (default: `fake` for the fake device, else `vllm`); the
 launcher (serve/launcher.py, serve/command.py) asks `engine_of(profile)` and knows nothing else
-of it. A second engine (SGLang) is a module here and a line in `ENGINES`. What a request asks of
-the engine beyond OpenAI's chat API (cache salt, forced lengths, token ids, top_k) is
-transport/dialect.py, one stage below; both engines here speak that dialect, and an engine that
-names these fields differently would give the dialect a variant there.
+of it. A second engine (SGLang) is a module here and a line in `ENGINES`. What a request asks
+of the engine beyond OpenAI's chat API (cache salt, forced lengths, token ids, top_k) is vLLM's
+dialect, at the end of vllm.py; the fake engine speaks it too.
 """
 
 from __future__ import annotations

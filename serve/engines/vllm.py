@@ -1,6 +1,22 @@
 """vLLM as an engine: its OpenAI server's command and environment for a profile, whether this
-machine can run it, and the `/metrics` names the suite reads. Nothing here starts, converts or
-downloads anything.
+machine can run it, the `/metrics` names the suite reads, and what a request asks of it beyond
+OpenAI's chat API. Nothing here starts, converts or downloads anything.
+
+The request extras (the "dialect", at the end of this file), which every request body the suite
+builds takes from here (`from compaction_bench.serve.engines import vllm as dialect`):
+
+- `cache_salt`: requests with different salts share no prefix-cache blocks (each arm, block
+  and background user gets its own, so caches are isolated exactly as the run says);
+- a forced length: `max_tokens` with `ignore_eos` (and `min_tokens` to the same count where the
+  count must be exact: a replayed turn at its recorded length);
+- `return_token_ids`: the prompt's and completion's token ids come back (cache-break
+  accounting);
+- `skip_special_tokens` off: a generated special token still arrives as text, so every token
+  is stamped (the device probes);
+- `top_k`: a model card's sampling (Qwen3's top_k 20), which OpenAI's API lacks.
+
+The fake engine speaks the same dialect. A second engine that names these fields differently
+is a module of its own with its own dialect.
 
 Every profile gets prefix caching and per-request cached-token details (`ALWAYS_ON`): they are
 part of the experiment, not a tuning choice. Opt-in features (speculative decoding, expert
@@ -12,6 +28,7 @@ from __future__ import annotations
 import importlib.util
 import json
 from pathlib import Path
+from typing import Any
 
 from compaction_bench.serve.engines.base import Launch
 from compaction_bench.serve.errors import EngineUnavailableError
@@ -131,3 +148,33 @@ class VllmEngine:
         pinned = {"VLLM_CPU_OMP_THREADS_BIND": cpu_list(cpus)} if (
             cpus and profile.engine == "cpu") else {}
         return {**OFFLINE_ENV, **pinned}
+
+
+# The request extras (module docstring).
+CACHE_SALT = "cache_salt"  # the request field, also the label background records carry
+
+
+def cache_salt(salt: str | None) -> dict[str, Any]:
+    """The field that isolates a request's prefix cache by `salt` (nothing where None)."""
+    return {CACHE_SALT: salt} if salt else {}
+
+
+def length(tokens: int, *, exact: bool = False) -> dict[str, Any]:
+    """Generate `tokens` tokens whatever the model would stop at; `exact`: never fewer either."""
+    return {"max_tokens": tokens, **({"min_tokens": tokens} if exact else {}),
+            "ignore_eos": True}
+
+
+def top_k(k: int | None) -> dict[str, Any]:
+    """Sample from the `k` most likely tokens (a model card's top_k; nothing where None)."""
+    return {"top_k": k} if k is not None else {}
+
+
+def token_ids() -> dict[str, Any]:
+    """Ask for the prompt's and the completion's token ids in the response."""
+    return {"return_token_ids": True}
+
+
+def special_tokens_as_text() -> dict[str, Any]:
+    """Stream generated special tokens as text, so that every token has a timestamp."""
+    return {"skip_special_tokens": False}

@@ -25,7 +25,7 @@ def test_a_fleets_agents_replay_different_recordings_at_once() -> None:
     recording at the same index: a lockstep no real fleet has."""
     from compaction_bench.bench.run.block import BlockSettings
     from compaction_bench.bench.run.config import BenchConfig
-    from compaction_bench.bench.run.source import ReplaySource
+    from compaction_bench.bench.run.replay_source import ReplaySource
     from compaction_bench.histories.agent.chat import ChatModelConfig
     from compaction_bench.histories.compaction.ledger import Ledger
     from compaction_bench.loadgen.background import ReplayOptions

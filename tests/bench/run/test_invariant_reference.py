@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from compaction_bench.bench.run.agent_source import AgentSource
 from compaction_bench.bench.run.arm import Arm, arm_for
 from compaction_bench.bench.run.block import NO_CLEAN, BlockSettings, run_block
 from compaction_bench.bench.run.config import BenchConfig
-from compaction_bench.bench.run.source import AgentSource
 from compaction_bench.bench.run.writer import RunWriter
 from compaction_bench.common.paths import histories_root, repo_root
 from compaction_bench.histories.agent.chat import config_for_profile

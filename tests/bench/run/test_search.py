@@ -23,7 +23,7 @@ from compaction_bench.bench.run.boundary import (
 )
 from compaction_bench.bench.run.config import BenchConfig, continuation_block, regime_users
 from compaction_bench.bench.run.search import SEARCH_FILE, OnRecord, level_measure
-from compaction_bench.bench.run.source import default_blocks
+from compaction_bench.bench.run.sources import default_blocks
 from compaction_bench.bench.run.sweep import SWEEP_FILE
 from compaction_bench.bench.runfolder import ArmRecord, write_records
 from compaction_bench.common.files import JsonlWriter

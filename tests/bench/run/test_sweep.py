@@ -13,7 +13,7 @@ from compaction_bench.bench.run.config import (
     SweepSettings,
     continuation_block,
 )
-from compaction_bench.bench.run.source import with_source_defaults
+from compaction_bench.bench.run.sources import with_source_defaults
 from compaction_bench.bench.run.sweep import SWEEP_FILE, finished_cells
 from compaction_bench.bench.runfolder import ArmRecord, write_records
 from compaction_bench.common.files import JsonlWriter

@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from compaction_bench.bench.run.agent_source import AgentSource
 from compaction_bench.bench.run.arm import Arm
 from compaction_bench.bench.run.block import BlockSettings, run_block
 from compaction_bench.bench.run.config import BenchConfig
-from compaction_bench.bench.run.source import AgentSource
 from compaction_bench.bench.run.writer import RunWriter
 from compaction_bench.histories.agent.acquisition import AcquisitionError, acquire
 from compaction_bench.histories.agent.chat import ChatModelConfig

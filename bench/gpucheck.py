@@ -28,32 +28,25 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from compaction_bench.bench.run.config import BenchConfig
 from compaction_bench.common.files import read_jsonl, write_json_atomic, write_text_atomic
 from compaction_bench.common.markdown import table
-from compaction_bench.common.net import DEFAULT_PORT
 from compaction_bench.common.paths import results_dir
 from compaction_bench.serve.hardware import Gpu, detect_gpus
 from compaction_bench.serve.launcher import ServerConfig, server_for
 from compaction_bench.serve.profile import Profile, resolve_profile
 from compaction_bench.serve.selfcheck import SelfCheckError, run_selfcheck
+from compaction_bench.serve.settings import ServerTarget
 
 NO_GPU = "skipped: no GPU"
 
 
-class GpuCheckConfig(BaseModel):
-    """What `make gpu-check` checks, and where."""
+class GpuCheckConfig(ServerTarget):
+    """What `make gpu-check` checks, and where: a profile's server (started on `port` where
+    nothing answers), or the running one at `base_url`."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    profile: str = Field(default="auto", description="profile name or .toml path; 'auto': the "
-                         "one for this machine")
-    port: int = Field(default=DEFAULT_PORT, ge=1, le=65535, description="the server's port "
-                      "(started there where nothing answers)")
-    base_url: str | None = Field(default=None, description="check this running server instead "
-                                 "of starting one")
     run_id: str | None = Field(default=None, description="the check's folder under "
                                "results/ (default: gpu-check-<time>)")
     replay_blocks: int = Field(default=2, ge=1, description="replay blocks of the study's "

@@ -43,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from compaction_bench.common.errors import SuiteError
 from compaction_bench.serve.endpoints import EndpointError, ServerEndpoints
-from compaction_bench.serve.engines import vllm as dialect
+from compaction_bench.serve.engines import vllm_wire as dialect
 from compaction_bench.transport.client import StreamClient, prepare
 from compaction_bench.transport.request import RequestRecord
 

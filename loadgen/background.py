@@ -40,7 +40,7 @@ from compaction_bench.common.files import append_jsonl, write_text_atomic
 from compaction_bench.common.net import api_url
 from compaction_bench.common.paths import histories_root
 from compaction_bench.common.processtree import stop_tree
-from compaction_bench.serve.engines import vllm as dialect
+from compaction_bench.serve.engines import vllm_wire as dialect
 from compaction_bench.transport.client import send_once
 
 

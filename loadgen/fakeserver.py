@@ -69,7 +69,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from compaction_bench.loadgen.fakeengine import Engine, Job, StepModel
-from compaction_bench.serve.engines import vllm as dialect
+from compaction_bench.serve.engines import vllm_wire as dialect
 
 _WORDS = re.compile(r"\S+\s*|\s+")
 

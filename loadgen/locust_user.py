@@ -37,7 +37,7 @@ from locust.env import Environment
 from compaction_bench.common.files import JsonlWriter
 from compaction_bench.loadgen.background import BackgroundConfig
 from compaction_bench.loadgen.schedule import Turn, load_schedules
-from compaction_bench.serve.engines import vllm as dialect
+from compaction_bench.serve.engines import vllm_wire as dialect
 from compaction_bench.transport.client import StreamClient, prepare
 from compaction_bench.transport.request import RequestRecord
 

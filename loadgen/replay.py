@@ -40,7 +40,7 @@ from compaction_bench.histories.format.history import History, HistoryError
 from compaction_bench.histories.policies.base import HistoryPolicy
 from compaction_bench.loadgen.background import ReplayOptions
 from compaction_bench.loadgen.schedule import wire_messages
-from compaction_bench.serve.engines import vllm as dialect
+from compaction_bench.serve.engines import vllm_wire as dialect
 from compaction_bench.transport.client import StreamClient
 from compaction_bench.transport.request import PreparedRequest, RequestRecord, prepare
 

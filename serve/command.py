@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from compaction_bench.common.net import DEFAULT_PORT, api_url
-from compaction_bench.serve.engines import engine_of
+from compaction_bench.serve.engines.registry import engine_of
 from compaction_bench.serve.profile import Profile
 from compaction_bench.serve.share import cgroup_path, cgroup_prefix, cpu_list
 

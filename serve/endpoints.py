@@ -9,7 +9,7 @@ What a caller cannot do without (the `/metrics` text for a sampler, tokens for a
 probe) raises `EndpointError`, its message naming the URL and what came back.
 
 `/metrics` is vLLM's Prometheus exposition, read with prometheus_client's parser:
-- `parse_metrics` gives the bench's fields (`FIELDS`: vLLM's names, serve/engines/vllm.py),
+- `parse_metrics` gives the bench's fields (`FIELDS`: vLLM's names, serve/engines/vllm_wire.py),
   summed over label sets (model names, engines), None for a metric the server does not export;
 - `cache_config` gives the labels of the `vllm:cache_config_info` gauge: the engine's effective
   cache arguments (block size, prefix caching, retention interval, KV blocks).
@@ -25,8 +25,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from compaction_bench.common.errors import SuiteError
 from compaction_bench.common.net import api_url, server_url
-from compaction_bench.serve.engines.vllm import CACHE_CONFIG_METRIC
-from compaction_bench.serve.engines.vllm import METRICS as FIELDS
+from compaction_bench.serve.engines.vllm_wire import CACHE_CONFIG_METRIC
+from compaction_bench.serve.engines.vllm_wire import METRICS as FIELDS
 
 
 class EndpointError(SuiteError):

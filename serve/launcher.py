@@ -33,7 +33,7 @@ from compaction_bench.serve.command import (
     build_env,
 )
 from compaction_bench.serve.endpoints import ServerEndpoints, is_healthy
-from compaction_bench.serve.engines import engine_of
+from compaction_bench.serve.engines.registry import engine_of
 from compaction_bench.serve.errors import (
     PortInUseError,
     ServerStartError,

@@ -23,7 +23,7 @@ from compaction_bench.histories.policies.compacting import policy_for
 from compaction_bench.histories.policies.registry import ArmSpec, parse_arm
 from compaction_bench.histories.tasks.task import Task
 from compaction_bench.loadgen.replay import ReplayPlan, ReplaySettings, first_body
-from compaction_bench.serve.engines import vllm as dialect
+from compaction_bench.serve.engines import vllm_wire as dialect
 
 # Fields a request body may differ in between arms because the run set them on purpose (a
 # recorded factor), not because a policy touched the history: the per-arm cache salt (CACHE=

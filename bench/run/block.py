@@ -48,7 +48,7 @@ from compaction_bench.histories.agent.chat import ChatModelConfig
 from compaction_bench.histories.compaction.ledger import Ledger
 from compaction_bench.histories.policies.base import HistoryPolicy
 from compaction_bench.loadgen.replay import REPLAYED, ReplayResult
-from compaction_bench.serve.engines import vllm as dialect
+from compaction_bench.serve.engines import vllm_wire as dialect
 from compaction_bench.transport.request import PreparedRequest, RequestRecord
 
 # mini-swe-agent's terminal statuses: reaching one of them (without a transport error) is

@@ -48,7 +48,7 @@ from compaction_bench.histories.agent.chat import ChatModelConfig, config_for_pr
 from compaction_bench.histories.compaction.ledger import Ledger
 from compaction_bench.histories.tasks.task import Task
 from compaction_bench.serve.endpoints import server_version
-from compaction_bench.serve.engines import vllm as dialect
+from compaction_bench.serve.engines import vllm_wire as dialect
 from compaction_bench.serve.launcher import ServerConfig, server_for
 from compaction_bench.serve.profile import Profile, resolve_profile
 

@@ -43,7 +43,7 @@ from compaction_bench.common.timing import Clock, monotonic
 from compaction_bench.histories.format.actions import BASH_ACTION_REGEX, STRUCTURED_TEXT_REGEX
 from compaction_bench.histories.policies.base import HistoryPolicy
 from compaction_bench.histories.tasks.decision_protocol import parse_decision_actions
-from compaction_bench.serve.engines import vllm as dialect
+from compaction_bench.serve.engines import vllm_wire as dialect
 from compaction_bench.serve.profile import Profile
 from compaction_bench.transport.client import (
     PreparedRequest,
@@ -76,7 +76,7 @@ class ChatModelConfig(BaseModel):
     structured_text: bool = False
     temperature: float = 0.0
     top_p: float | None = None
-    top_k: int | None = None  # an engine extra (serve/engines/vllm.py top_k)
+    top_k: int | None = None  # an engine extra (serve/engines/vllm_wire.py top_k)
     max_tokens: int = 512
     seed: int | None = Field(
         default=0, description="base sampling seed: the k-th request of a run sends seed + k, "

@@ -1,8 +1,8 @@
-"""The engine's request extras, written once (serve/engines/vllm.py)."""
+"""The engine's request extras, written once (serve/engines/vllm_wire.py)."""
 
 from __future__ import annotations
 
-from compaction_bench.serve.engines import vllm as dialect
+from compaction_bench.serve.engines import vllm_wire as dialect
 
 
 def test_each_extra_is_the_field_vllm_reads() -> None:

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from compaction_bench.serve.command import ServerConfig, build_command, build_env
-from compaction_bench.serve.engines import ENGINES, engine_of
 from compaction_bench.serve.engines.fake import FAKE_MODULE
+from compaction_bench.serve.engines.registry import ENGINES, engine_of
 from compaction_bench.serve.engines.vllm import ALWAYS_ON, OFFLINE_ENV, SERVER_MODULE
 from compaction_bench.serve.errors import ProfileError
 from compaction_bench.serve.profile import PROFILE_DIR, known_profiles, load_profile

@@ -59,7 +59,11 @@ def test_memory_past_the_total_is_refused_and_the_host_keeps_its_own(ws: Workspa
     assert "ALLOCATED" not in str(got["output"]) and "status=137" in str(got["output"]), got
     peak = ws.sandbox.totals.folders[0] / "memory.max_usage_in_bytes"
     assert int(peak.read_text()) <= LIMITS.total_memory_bytes
-    assert psutil.virtual_memory().available > before - 256 * MiB
+    # The command asked for 1.5 GiB. Had the total not held, the host would have lost about that
+    # much; the host's other processes (a CI tier's servers starting and stopping) move its
+    # available memory by a few hundred MiB on their own, so the margin is half the ask.
+    attempted = 48 * 32 * MiB
+    assert psutil.virtual_memory().available > before - attempted // 2
     assert "ok" in str(run(ws, "echo ok")["output"])  # the box still works afterwards
 
 

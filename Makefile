@@ -123,12 +123,12 @@ compare: install
 	$(CB) compare $(foreach r,$(RUNS),$(call run_path,$(r))) --from-env
 
 report-study: install
-	$(CB) report-study --from-env
+	$(CB) study report --from-env
 
 # Plan settings are make variables named like the setting (`make plan RUN=x SLO=p90:120s
 # FLEET_REPLICAS=2,4,8`; the list: `compaction-bench plan --settings`), read by --from-env.
 plan: install
-	@test -n "$(RUN)" || { echo "usage: make plan RUN=<run-id> [SLO=p90:2x|p90:120s] [AGENTS=100] [GPU_HOUR_USD=x] [COMPRESSOR_USD_PER_MTOK=x] [COSTMODEL=kernels/results/<file>.json] [PREDICT_DEVICE=...] [FLEET_REPLICAS=2,4,8|none] [FLEET_POLICIES=...] [REPLICA_URLS=...]  (all: compaction-bench plan --settings)"; exit 2; }
+	@test -n "$(RUN)" || { echo "usage: make plan RUN=<run-id> [SLO=p90:2x|p90:120s] [AGENTS=100] [GPU_HOUR_USD=x] [COMPRESSOR_USD_PER_MTOK=x] [COSTMODEL=data/kernels/<file>.json] [PREDICT_DEVICE=...] [FLEET_REPLICAS=2,4,8|none] [FLEET_POLICIES=...] [REPLICA_URLS=...]  (all: compaction-bench plan --settings)"; exit 2; }
 	$(CB) plan $(call run_path,$(RUN)) --from-env
 
 gpu-check: install
@@ -136,7 +136,7 @@ gpu-check: install
 
 plan-check: install
 	@test -n "$(PLAN)" -a -n "$(RUNS)" || { echo "usage: make plan-check PLAN=<one-replica sweep run, planned first with make plan> RUNS=\"<sweep run through the router>...\" [REPLICAS=n]  (the check uses the plan's own settings, from PLAN's plan.json)"; exit 2; }
-	$(CB) plan-check $(call run_path,$(PLAN)) $(foreach r,$(RUNS),$(call run_path,$(r))) \
+	$(CB) plan check $(call run_path,$(PLAN)) $(foreach r,$(RUNS),$(call run_path,$(r))) \
 	  --from-env
 
 # The fleet plan against fleets of fake replicas of known capacity behind the real router

@@ -165,7 +165,7 @@ def report_study_command(
     if show:
         show_settings(StudyReportConfig)
         return
-    c = settings_from(StudyReportConfig, "report-study", words=settings, file=config_file,
+    c = settings_from(StudyReportConfig, "study report", words=settings, file=config_file,
                       from_env=from_env, flags=ctx.params)
     _print_files(report_study(c.source, c.out, seed=c.seed))
 

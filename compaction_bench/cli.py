@@ -14,7 +14,7 @@ import typer
 from typer.models import CommandInfo
 
 import compaction_bench
-from compaction_bench.common.errors import run_cli
+from compaction_bench.common.errors import ExitCode, fail, run_cli
 
 
 def _new_app() -> typer.Typer:
@@ -39,12 +39,50 @@ def main(version: Annotated[bool, typer.Option(
     """compaction-bench: compaction's effect on agents' time and GPUs, measured."""
 
 
-def _adopt(app: typer.Typer, source: typer.Typer, names: dict[str, str] | None = None) -> None:
-    """Register `source`'s commands at the top level (renamed where `names` says)."""
+# Commands grouped the way vLLM groups its own (`vllm bench serve`): the spelling a user types,
+# and the command name a stage's CLI defines. The grouped spelling is the command's name; the old
+# flat word stays as a hidden alias for one release, and saying it prints which spelling to use.
+GROUPED: dict[tuple[str, str], str] = {
+    ("serve", "check"): "check",
+    ("plan", "check"): "plan-check",
+    ("study", "import"): "import-study",
+    ("study", "report"): "report-study",
+}
+RENAMED: dict[str, str] = {flat: " ".join(words) for words, flat in GROUPED.items()}
+ALIASES_UNTIL = "0.2.0"  # the release that drops the flat names
+
+
+def canonical(argv: list[str]) -> list[str]:
+    """`argv` with a grouped spelling (`plan check RUN ...`) made the one word its command is
+    registered under (`"plan check"`). Only the first two words are read: a run folder named
+    `check` is written `plan ./check`. `study` alone, or with a word it lacks, is refused in one
+    line naming its subcommands."""
+    if argv and argv[0] == "study" and (len(argv) < 2 or ("study", argv[1]) not in GROUPED):
+        fail("compaction-bench study: give a subcommand: study import (the study's records "
+             "into data/histories/study) or study report (its B300 blocks as a run folder)",
+             ExitCode.USAGE)
+    if len(argv) >= 2 and (argv[0], argv[1]) in GROUPED:
+        return [f"{argv[0]} {argv[1]}", *argv[2:]]
+    return list(argv)
+
+
+def _adopt(app: typer.Typer, source: typer.Typer, names: dict[str, str] | None = None,
+           only: set[str] | None = None, alias: bool = True) -> None:
+    """Register `source`'s commands at the top level (renamed where `names` or `RENAMED` says;
+    only those named in `only`, where given). A renamed top-level command keeps its old name as
+    a hidden, deprecated alias (`alias`; a group's own command keeps its alias in its group)."""
     for info in source.registered_commands:
         name = info.name or (info.callback.__name__.replace("_", "-") if info.callback else "")
-        app.registered_commands.append(CommandInfo(**{
-            **info.__dict__, "name": (names or {}).get(name, name)}))
+        if only is not None and name not in only:
+            continue
+        name = (names or {}).get(name, name)
+        fields = {**info.__dict__, "hidden": False, "deprecated": False}
+        app.registered_commands.append(CommandInfo(**{**fields, "name": RENAMED.get(name, name)}))
+        if alias and name in RENAMED:
+            app.registered_commands.append(CommandInfo(**{
+                **fields, "name": name, "hidden": True,
+                "deprecated": f"Use `compaction-bench {RENAMED[name]}`; `{name}` goes in "
+                              f"{ALIASES_UNTIL}."}))
 
 
 # Every top-level word: the stage whose CLI module defines it, and its line of help.
@@ -54,8 +92,8 @@ def _adopt(app: typer.Typer, source: typer.Typer, names: dict[str, str] | None =
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("serve", "Serve a profile: the target and compressor names from one engine, "
               "self-checked."),
-    "check": ("serve", "Self-check a running server against a profile (what `make serve` runs "
-              "once healthy)."),
+    "serve check": ("serve", "Self-check a running server against a profile (what `make serve` "
+                    "runs once healthy)."),
     "stop": ("serve", "Stop background servers started by this checkout (all, or the one on "
              "--port)."),
     "profiles": ("serve", "List the shipped profiles."),
@@ -68,13 +106,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("bench", "Write report.md, report.html, plots/, requests.parquet and "
                "summary.json into RUN_DIR."),
     "compare": ("bench", "Put runs of the same task and arms side by side in one table."),
-    "report-study": ("bench", "Import the source study's B300 blocks as a run folder and report "
+    "study report": ("bench", "Import the source study's B300 blocks as a run folder and report "
                      "on it."),
+    "study import": ("histories", "Convert every study record into "
+                     "<out>/study/<record>/{clean,external}.json."),
     "gpu-check": ("bench", "A GPU owner's first hour in one command: serve and self-check the "
                   "profile, check NVML, replay two blocks and run one live-agent block; write "
                   "gpu-check.md naming each step."),
     "plan": ("plan", "Write plan.md, plan.html, plan.json and plots/plan_*.png into RUN_DIR."),
-    "plan-check": ("plan", "Check a one-replica plan against runs through the router: predicted "
+    "plan check": ("plan", "Check a one-replica plan against runs through the router: predicted "
                    "vs measured SLO quantile per arm and routing policy, with the plan's own "
                    "settings."),
     "fleet-truth": ("plan", "The fleet plan against fleets of fake replicas of known capacity "
@@ -105,6 +145,7 @@ def build(stages: tuple[str, ...] = tuple(STAGES)) -> typer.Typer:
         from compaction_bench.histories import cli as histories_cli
 
         app.add_typer(histories_cli.app, name="histories")
+        _adopt(app, histories_cli.app, only={"import-study"}, alias=False)
     if "bench" in stages:
         from compaction_bench.bench import cli as bench_cli
 
@@ -169,7 +210,8 @@ def reference() -> list[tuple[str, str, str]]:
 def stage_of(argv: list[str]) -> str | None:
     """The stage whose module defines the command `argv` names (its first word that is not an
     option), or None: every stage is then built."""
-    word = next((a for a in argv if not a.startswith("-")), None)
+    word = next((a for a in canonical(argv) if not a.startswith("-")), None)
+    word = RENAMED.get(word or "", word)
     return next((stage for stage, words in STAGES.items() if word in words), None)
 
 
@@ -208,5 +250,6 @@ def entry() -> NoReturn:
     """The console script `compaction-bench`: only the named command's stage is imported."""
     import sys
 
-    stage = stage_of(sys.argv[1:])
-    run_cli(build((stage,)) if stage else index())
+    argv = canonical(sys.argv[1:])
+    stage = stage_of(argv)
+    run_cli(build((stage,)) if stage else index(), argv)

@@ -104,7 +104,7 @@ class ImportConfig(BaseModel):
 
 
 class ImportStudyConfig(BaseModel):
-    """`histories import-study`: the study's records as histories."""
+    """`study import`: the study's records as histories."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

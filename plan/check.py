@@ -1,5 +1,5 @@
 """The fleet plan checked against replicas behind a router (issue 24):
-`compaction-bench plan-check PLAN_RUN CHECK_RUN...` (`make plan-check`).
+`compaction-bench plan check PLAN_RUN CHECK_RUN...` (`make plan-check`).
 
 PLAN_RUN is a one-replica sweep, the plan's source. Each CHECK_RUN is a sweep run through vLLM's
 router in front of R replicas (its manifest names them: `router.replicas`, config

@@ -83,12 +83,12 @@ def plan_check(
     from compaction_bench.plan.check import check_notes, plan_settings, write_check
 
     paths, words = split_words(check_runs)
-    own = settings_from(PlanCheckConfig, "plan-check", words=words, file=config_file,
+    own = settings_from(PlanCheckConfig, "plan check", words=words, file=config_file,
                         from_env=from_env, flags=ctx.params)
     runs = [Path(r) for r in paths]
     if not runs:
         raise typer.BadParameter("give the sweep runs through the router after the plan's run: "
-                                 "compaction-bench plan-check results/<plan> results/<check>...",
+                                 "compaction-bench plan check results/<plan> results/<check>...",
                                  param_hint="CHECK_RUNS")
     config = plan_settings(plan_run)
     markdown, document, rows = write_check(config, runs, own.replicas)

@@ -29,7 +29,7 @@ from compaction_bench.serve.launcher import (
     require_server,
     serve_foreground,
 )
-from compaction_bench.serve.model import resolve_model
+from compaction_bench.serve.model import is_hub_id, resolve_model
 from compaction_bench.serve.process import stop_background
 from compaction_bench.serve.profile import Profile, known_profiles, load_profile, resolve_profile
 from compaction_bench.serve.replicas import (
@@ -182,7 +182,7 @@ def check(
     if show:
         show_settings(CheckConfig)
         return
-    c = settings_from(CheckConfig, "check", words=settings, file=config_file,
+    c = settings_from(CheckConfig, "serve check", words=settings, file=config_file,
                       from_env=from_env, flags=ctx.params)
     p = _profile(c.profile, c.speculative, c.expert_parallel)
     url = c.base_url or f"http://127.0.0.1:{c.port}"
@@ -263,9 +263,14 @@ def show(profile: str = "auto", *, port: int = DEFAULT_PORT, host: str = "127.0.
     source = model or p.model.source
     lines = [f"# {p.name}: {p.description}",
              f"# model: {source} ({p.model.size_note})"]
-    if not source.startswith("embedded:") and "/" in source and not source.startswith(
-            ("/", ".")):
-        lines.append(f"#   not downloaded at run time; fetch it first: hf download {source}")
+    if is_hub_id(source):
+        revision = p.model.revision if source == p.model.source else None
+        at = f" --revision {revision}" if revision else ""
+        lines.append(f"#   not downloaded at run time; fetch it first: hf download {source}{at}")
+        lines.append(f"#   checkpoint: pinned to commit {revision} ({p.model.revision_source})"
+                     if revision else "#   checkpoint: NOT pinned: vLLM loads whatever the local "
+                     "cache's main points at (the run's manifest records that commit); pin "
+                     "model.revision in the profile")
     lines += [
         f"# vLLM: minimum {p.vllm.minimum} ({p.vllm.minimum_reason})",
         f"#       pinned {p.vllm.pinned} ({p.vllm.pinned_reason})",

@@ -30,7 +30,7 @@ class ServerTarget(BaseModel):
 
 
 class CheckConfig(ServerTarget):
-    """What `compaction-bench check` self-checks: a running server against a profile."""
+    """What `compaction-bench serve check` self-checks: a running server against a profile."""
 
     speculative: bool | None = Field(
         default=None, description="the server runs the profile's opt-in speculative decoding; "

@@ -62,7 +62,7 @@ def test_the_installed_copy_reproduces_table_12_from_an_empty_folder(
     version = subprocess.run([sys.executable, "-m", "compaction_bench", "--version"], cwd=empty,
                              env=env, capture_output=True, text=True, timeout=60, check=True)
     assert version.stdout.startswith("compaction-bench ")
-    done = subprocess.run([sys.executable, "-m", "compaction_bench", "report-study"], cwd=empty,
+    done = subprocess.run([sys.executable, "-m", "compaction_bench", "study", "report"], cwd=empty,
                           env=env, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads((empty / "results" / "study-b300" / "summary.json").read_text())

@@ -179,7 +179,7 @@ def test_make_plan_check_prints_the_prediction_error(
     write_plan(config)
     plan_md = (config.run_dir / "plan.md").read_bytes()
     done = subprocess.run(
-        [sys.executable, "-m", "compaction_bench", "plan-check", str(config.run_dir),
+        [sys.executable, "-m", "compaction_bench", "plan", "check", str(config.run_dir),
          *map(str, checks)],
         capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr

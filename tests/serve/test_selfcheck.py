@@ -104,7 +104,7 @@ def test_plan_follows_the_profile_block_size_and_retention() -> None:
 def test_cli_check_ends_in_one_line_with_the_cache_message() -> None:
     with FakeProcess(FakeConfig(cached_tokens=0, ttft_ms=1, itl_ms=1)) as fake:
         result = subprocess.run(
-            [sys.executable, "-m", "compaction_bench", "check", "--profile", "cpu-tiny",
+            [sys.executable, "-m", "compaction_bench", "serve", "check", "--profile", "cpu-tiny",
              "--base-url",
              fake.api_url], capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == ExitCode.UNAVAILABLE, result.stderr

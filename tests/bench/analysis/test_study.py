@@ -124,7 +124,7 @@ def test_report_study_runs_from_anywhere(tmp_path: Path) -> None:
     """`make report-study` as a user runs it: from another folder, nothing beside the repo."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("COMPBENCH_")}
     done = subprocess.run(
-        [sys.executable, "-m", "compaction_bench", "report-study", "--out",
+        [sys.executable, "-m", "compaction_bench", "study", "report", "--out",
          str(tmp_path / "s")],
         cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
         env={**env, "COMPBENCH_RESULTS": str(tmp_path)})

@@ -368,7 +368,9 @@ def test_shipped_study_histories_match_a_fresh_import(record: Path) -> None:
 
 @pytest.mark.e2e  # runs the CLI as a child process
 def test_cli_converts_all_study_records(tmp_path: Path) -> None:
-    done = cli("import-study", str(STUDY_DIR), "--out", str(tmp_path / "out"))
+    done = subprocess.run([sys.executable, "-m", "compaction_bench", "study", "import",
+                           str(STUDY_DIR), "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     written = sorted((tmp_path / "out" / "study").glob("*/*.json"))
     assert len(written) == 2 * len(RECORDS)

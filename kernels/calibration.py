@@ -4,7 +4,7 @@ Order: the server is checked first (a dead BASE_URL fails before a minute of ben
 no server on the port a profile server is started, as `make bench` does), then the
 micro-benchmarks run (the server idle), then the probes, then the fits. The results file
 (kernels/SCHEMA.md) holds every measurement, every probe request's raw record, the fits and
-the provenance; its name is `<device>__<model>__<engine>.json` in kernels/results/.
+the provenance; its name is `<device>__<model>__<engine>.json` in data/kernels/.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class CalibrationConfig(ServerTarget):
     target server."""
 
     out_dir: Path | None = Field(default=None, description="where the results file goes "
-                                 "(default kernels/results/)")
+                                 "(default data/kernels/)")
     micro: bool = Field(default=True, description="run the micro-benchmarks")
     probe: bool = Field(default=True, description="probe the server and fit the cost model")
     quick: bool = Field(default=False, description="a 2-3 level probe (a first look, tests)")

@@ -44,7 +44,7 @@ def run(
     seed: Annotated[int | None, alias("seed")] = None,
     threads: Annotated[int | None, alias("threads")] = None,
 ) -> None:
-    """Micro-benchmarks, server probes and fits; writes kernels/results/<...>.json."""
+    """Micro-benchmarks, server probes and fits; writes data/kernels/<...>.json."""
     from compaction_bench.kernels.calibration import CalibrationConfig, calibrate
 
     if show:
@@ -69,7 +69,7 @@ class ResultsCheckConfig(BaseModel):
 def check(
     ctx: typer.Context,
     results: Annotated[Path | None, typer.Argument(
-        help="a results file (kernels/results/*.json)", show_default=False)] = None,
+        help="a results file (data/kernels/*.json)", show_default=False)] = None,
     settings: Annotated[list[str] | None, typer.Argument(help=words_help("device=H100"),
                                                          show_default=False)] = None,
     config_file: ConfigFile = None,
@@ -87,7 +87,7 @@ def check(
         return
     if results is None:
         raise typer.BadParameter("give the results file: compaction-bench kernels check "
-                                 "kernels/results/<file>.json", param_hint="RESULTS")
+                                 "data/kernels/<file>.json", param_hint="RESULTS")
     device = settings_from(ResultsCheckConfig, "kernels check", words=settings,
                            file=config_file, from_env=from_env, flags=ctx.params).device
     model = load(results)

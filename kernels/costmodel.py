@@ -1,7 +1,7 @@
 """The fitted cost model, as the capacity plan uses it.
 
     from compaction_bench.kernels.costmodel import load
-    model = load("kernels/results/<device>__<model>__<engine>.json")
+    model = load("data/kernels/<device>__<model>__<engine>.json")
     model.predict_prefill_s(uncached_tokens=2048, cached_tokens=8192)   # seconds
     model.predict_decode_step_s(batch=16, mean_context=12000)            # seconds per step
     model.predict_decode_step(16, 12000).heldout_median_ape              # its measured error

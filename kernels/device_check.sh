@@ -2,7 +2,7 @@
 # The GPU device check of issue 13: micro-benchmarks (bandwidth, matmuls at every shipped
 # model's shapes in bf16 and fp8, attention, paged KV gather), the fused entropy kernel against
 # the unfused PyTorch version, and ten seconds of the bench's NVML sampler around a matmul loop.
-# Writes kernels/results/<gpu>__micro__torch-<version>.json.
+# Writes data/kernels/<gpu>__micro__torch-<version>.json.
 #
 # Needs only PyTorch with CUDA, Triton and nvidia-ml-py: no vLLM, no model weights, no network.
 # About two minutes on one H200; stopped at DEVICE_CHECK_TIMEOUT seconds (default 300).

@@ -9,7 +9,7 @@ weights, no network), in a few minutes on an H200:
    reference, at three vocabulary sizes (kernels/entropy.py);
 3. ten seconds of the bench's NVML sampler (`serve.gpu.GpuSampler`) around a bf16 matmul
    loop: what it recorded goes into the results, so that code meets a real GPU once;
-and writes `kernels/results/<gpu>__micro__torch-<version>.json` (kernels/SCHEMA.md).
+and writes `data/kernels/<gpu>__micro__torch-<version>.json` (kernels/SCHEMA.md).
 On a machine without a CUDA GPU it ends with one line saying so and exit code 3.
 """
 
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kernels/device_check.sh", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out-dir", type=Path, default=None,
-                        help="where the results file goes (default: kernels/results/)")
+                        help="where the results file goes (default: data/kernels/)")
     parser.add_argument("--quick", action="store_true", help="a smaller sweep (a minute)")
     parser.add_argument("--sampler-seconds", type=float, default=10.0,
                         help="NVML sampling around the matmul loop (default 10)")

@@ -1,6 +1,6 @@
 """Results files of `kernels/`: where they go, what they are called, how they are checked.
 
-`kernels/results/<device>__<model>__<engine>.json`, each part a slug (lowercase letters,
+`data/kernels/<device>__<model>__<engine>.json`, each part a slug (lowercase letters,
 digits, dots and dashes): `cpu-intel-xeon-processor-2c__smollm2-135m-instruct__vllm-0.32.0`,
 `nvidia-h200__micro__torch-2.9.0` for a device check (no model, no engine). The document's
 format is versioned (`schema`, `schema_version`) and described in kernels/SCHEMA.md. Written
@@ -19,7 +19,7 @@ from typing import Any
 
 from compaction_bench.common.errors import SuiteError
 from compaction_bench.common.files import write_json_atomic
-from compaction_bench.common.paths import repo_root
+from compaction_bench.common.paths import data_root
 from compaction_bench.common.provenance import (
     git_commit,
     host_facts,
@@ -39,8 +39,9 @@ class ResultsError(SuiteError):
 
 
 def kernel_results_dir() -> Path:
-    """`kernels/results/` of the checkout: results are committed beside the code."""
-    return repo_root() / "kernels" / "results"
+    """`kernels/` under the shipped data's root (`data/kernels/` of the checkout; `COMPBENCH_DATA`
+    moves it): measured results are data, committed and shipped as the histories are."""
+    return data_root() / "kernels"
 
 
 def slug(text: str) -> str:

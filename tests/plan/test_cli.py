@@ -96,7 +96,7 @@ def test_bad_input_ends_in_one_line_naming_the_fix(tmp_path: Path,
 def test_the_cost_model_predicts_unmeasured_levels_and_another_gpu(
         make_sweep: Callable[..., Path]) -> None:
     run = make_sweep(requests=True, levels=(1, 2))
-    costs = "kernels/results/cpu-intel-xeon-processor-2c__smollm2-135m-instruct__vllm-0.32.0.json"
+    costs = "data/kernels/cpu-intel-xeon-processor-2c__smollm2-135m-instruct__vllm-0.32.0.json"
     done = plan_cli(str(run), f"costmodel={costs}", "predict_device=NVIDIA H200",
                     "bootstrap=200")
     assert done.returncode == 0, done.stderr

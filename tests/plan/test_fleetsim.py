@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from compaction_bench.common.paths import repo_root
+from compaction_bench.kernels.resultfile import kernel_results_dir
 from compaction_bench.plan.fleetsim import Step, Trace, simulate
 
-CPU_COSTS = (repo_root() / "kernels" / "results" /
+CPU_COSTS = (kernel_results_dir() /
              "cpu-intel-xeon-processor-2c__smollm2-135m-instruct__vllm-0.32.0.json")
 
 

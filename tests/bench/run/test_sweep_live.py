@@ -18,7 +18,7 @@ from compaction_bench.serve.launcher import Server
 
 pytestmark = pytest.mark.integration
 ROOT = repo_root()
-CPU_COSTS = ("kernels/results/"
+CPU_COSTS = ("data/kernels/"
              "cpu-intel-xeon-processor-2c__smollm2-135m-instruct__vllm-0.32.0.json")
 
 

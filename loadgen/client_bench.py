@@ -316,8 +316,9 @@ def _tree_cpu(pid: int) -> float:
 
 def loadgen_cpu(url: str, users: int, arms: int, window_s: float, *, label: str,
                 pace: float | None, max_model_len: int) -> None:
-    from compaction_bench.loadgen.background import BackgroundConfig, BackgroundLoad, ReplayOptions
+    from compaction_bench.loadgen.background import BackgroundConfig, BackgroundLoad
     from compaction_bench.transport.client import StreamClient, prepare
+    from compaction_bench.transport.wire import ReplayOptions
 
     with tempfile.TemporaryDirectory() as tmp:
         config = BackgroundConfig(

@@ -38,11 +38,11 @@ from typing import Any, Literal
 from compaction_bench.common.timing import Clock, monotonic
 from compaction_bench.histories.format.history import History, HistoryError
 from compaction_bench.histories.policies.base import HistoryPolicy
-from compaction_bench.loadgen.background import ReplayOptions
 from compaction_bench.loadgen.schedule import wire_messages
 from compaction_bench.serve.engines import vllm_wire as dialect
 from compaction_bench.transport.client import StreamClient
 from compaction_bench.transport.request import PreparedRequest, RequestRecord, prepare
+from compaction_bench.transport.wire import ReplayOptions
 
 REPLAYED = "Replayed"  # the terminal status of a replay that sent every recorded turn
 WALL_LIMIT = "the arm's wall-time limit passed"

@@ -29,8 +29,8 @@ from typing import Any
 
 from compaction_bench.histories.format.history import History, HistoryError, load_history
 from compaction_bench.histories.format.reasoning import inline_thought
-from compaction_bench.loadgen.background import ReplayOptions
 from compaction_bench.serve.engines import vllm_wire as dialect
+from compaction_bench.transport.wire import ReplayOptions
 
 
 @dataclass(frozen=True)

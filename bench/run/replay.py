@@ -45,7 +45,6 @@ from compaction_bench.histories.format.recorded import replay_sources
 from compaction_bench.histories.policies.base import CleanPolicy, HistoryPolicy
 from compaction_bench.histories.policies.compacting import policy_for
 from compaction_bench.histories.policies.registry import ArmSpec, parse_arm
-from compaction_bench.loadgen.background import ReplayOptions
 from compaction_bench.loadgen.replay import (
     ReplayError,
     ReplayPlan,
@@ -53,6 +52,7 @@ from compaction_bench.loadgen.replay import (
     recorded_plan,
 )
 from compaction_bench.serve.profile import Profile
+from compaction_bench.transport.wire import ReplayOptions
 
 DEFAULT_RECORDS = (
     "laguna-s-2.1__atcoder-abc400_b__rep-01__seed-1412000",  # prompt 4,655 -> 1,773 tokens

@@ -30,9 +30,9 @@ from compaction_bench.bench.run.replay import (
 from compaction_bench.bench.run.source import Attempt, Opened, Result, Setup
 from compaction_bench.histories.agent.chat import ChatModelConfig
 from compaction_bench.histories.policies.base import HistoryPolicy
-from compaction_bench.loadgen.background import ReplayOptions
 from compaction_bench.loadgen.replay import ReplaySettings, describe_plan, replay
 from compaction_bench.serve.profile import Profile
+from compaction_bench.transport.wire import ReplayOptions
 
 
 @dataclass(frozen=True)

@@ -132,8 +132,9 @@ def run_telemetry(config: BenchConfig, url: str, run_dir: Path, origin: float, u
     any, living exactly as long as the run (started before the first block and steady before
     it begins), with a monitor sampling them. With LOCUST_REMOTE_WORKERS, `say` tells the user
     how to start them before the wait, and after the load how to merge their records."""
-    from compaction_bench.loadgen.background import BackgroundConfig, ReplayOptions
+    from compaction_bench.loadgen.background import BackgroundConfig
     from compaction_bench.serve.gpu import GpuSampler
+    from compaction_bench.transport.wire import ReplayOptions
 
     with ExitStack() as stack:
         replicas = replica_targets(config)

@@ -14,11 +14,11 @@ from compaction_bench.loadgen.background import (
     BackgroundConfig,
     BackgroundLoad,
     BackgroundLoadError,
-    ReplayOptions,
 )
 from compaction_bench.loadgen.fakeprocess import FakeProcess
 from compaction_bench.loadgen.metrics import MetricsSampler
 from compaction_bench.serve.launcher import Server
+from compaction_bench.transport.wire import ReplayOptions
 
 pytestmark = pytest.mark.e2e
 

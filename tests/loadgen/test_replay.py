@@ -14,7 +14,6 @@ import pytest
 from compaction_bench.common.paths import histories_root
 from compaction_bench.histories.format.history import History, load_history
 from compaction_bench.histories.format.invariant import InvariantError
-from compaction_bench.loadgen.background import ReplayOptions
 from compaction_bench.loadgen.fakeserver import FakeConfig
 from compaction_bench.loadgen.replay import (
     REPLAYED,
@@ -27,6 +26,7 @@ from compaction_bench.loadgen.replay import (
     replay,
     turn_body,
 )
+from compaction_bench.transport.wire import ReplayOptions
 
 RECORD = "deepseek-v4-flash__atcoder-abc400_b__rep-01__seed-412000"
 INLINE = ReplayOptions(reasoning="inline", tool_calls="inline")

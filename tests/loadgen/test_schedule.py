@@ -6,11 +6,12 @@ import pytest
 
 from compaction_bench.common.paths import histories_root
 from compaction_bench.histories.format.history import load_history
-from compaction_bench.loadgen.background import ReplayOptions, default_history_paths
+from compaction_bench.loadgen.background import default_history_paths
 from compaction_bench.loadgen.schedule import (
     load_schedules,
     schedule_history,
 )
+from compaction_bench.transport.wire import ReplayOptions
 
 ROOT = histories_root()
 VACCINE = next(p for p in default_history_paths(ROOT) if "vaccine" in str(p))

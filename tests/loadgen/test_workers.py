@@ -21,10 +21,10 @@ from compaction_bench.common.paths import histories_root
 from compaction_bench.loadgen.background import (
     BackgroundConfig,
     BackgroundLoad,
-    ReplayOptions,
     default_history_paths,
 )
 from compaction_bench.loadgen.fakeprocess import FakeProcess
+from compaction_bench.transport.wire import ReplayOptions
 
 pytestmark = pytest.mark.e2e
 

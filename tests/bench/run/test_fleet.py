@@ -28,7 +28,7 @@ def test_a_fleets_agents_replay_different_recordings_at_once() -> None:
     from compaction_bench.bench.run.replay_source import ReplaySource
     from compaction_bench.histories.agent.chat import ChatModelConfig
     from compaction_bench.histories.compaction.ledger import Ledger
-    from compaction_bench.loadgen.background import ReplayOptions
+    from compaction_bench.transport.wire import ReplayOptions
 
     records = ("a", "b", "c", "d")
 

@@ -116,7 +116,8 @@ class Server:
             print(note, file=sys.stderr, flush=True)
         check_port(self.config.host, self.config.port)
         model = "fake" if self.config.profile.engine == "fake" else resolve_model(
-            self.config.model or self.config.profile.model.source, python=self.config.python)
+            self.config.model or self.config.profile.model.source, python=self.config.python,
+            revision=None if self.config.model else self.config.profile.model.revision)
         self.command = build_command(self.config, model)
         if self.config.cpu_quota is not None:  # refused here, before the old log is rotated
             self.cgroup = make_cgroup(self.config.port, self.config.cpu_quota)

@@ -19,6 +19,7 @@ import importlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -73,8 +74,17 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
 }
 
 
-def resolve_model(source: str, *, python: str = sys.executable) -> Path | str:
-    """Return what vLLM's `--model` gets for a profile's `model.source`.
+def is_hub_id(source: str) -> bool:
+    """Whether a model source is a Hugging Face id (`org/name`), not an embedded model or a
+    local folder."""
+    return (not source.startswith((EMBEDDED_PREFIX, "/", ".", "~")) and "/" in source
+            and source != "fake")
+
+
+def resolve_model(source: str, *, python: str = sys.executable,
+                  revision: str | None = None) -> Path | str:
+    """Return what vLLM's `--model` gets for a profile's `model.source` (a Hugging Face id at
+    `revision` must be in the local cache).
 
     An embedded model is converted on first use (about 20-40 s on 2 cores).
     """
@@ -85,22 +95,53 @@ def resolve_model(source: str, *, python: str = sys.executable) -> Path | str:
         if not (path / "config.json").is_file():
             raise ModelNotFoundError(f"model folder {path} has no config.json")
         return path
-    return _cached_hub_model(source)
+    _cached_hub_file(source, revision)
+    return source
 
 
-def _cached_hub_model(repo_id: str) -> str:
+def _cached_hub_file(repo_id: str, revision: str | None) -> Path:
+    """The cached config.json of `repo_id` at `revision` (None: the cache's `main`), inside its
+    snapshot folder `.../snapshots/<commit>/`."""
     from huggingface_hub import try_to_load_from_cache
 
     found = try_to_load_from_cache(
-        repo_id, "config.json", cache_dir=os.environ.get("HF_HUB_CACHE") or None
-    )
+        repo_id, "config.json", cache_dir=os.environ.get("HF_HUB_CACHE") or None,
+        revision=revision)
     if not isinstance(found, str):
+        at = f" --revision {revision}" if revision else ""
         raise ModelNotFoundError(
-            f"model '{repo_id}' is not in the local Hugging Face cache and the suite never "
-            f"downloads at run time; fetch it once with `hf download {repo_id}` (or "
-            f"`huggingface-cli download {repo_id}`), or pass MODEL=/path/to/a/local/folder"
+            f"model '{repo_id}'{f' at revision {revision}' if revision else ''} is not in the "
+            f"local Hugging Face cache and the suite never downloads at run time; fetch it once "
+            f"with `hf download {repo_id}{at}`, or pass MODEL=/path/to/a/local/folder"
         )
-    return repo_id
+    return Path(found)
+
+
+def checkpoint(source: str, revision: str | None = None) -> dict[str, str | None]:
+    """Which checkpoint a model source names on this machine, read from local files only (the
+    manifest's `server.checkpoint`): `revision` as pinned (None: not pinned), `commit` as the
+    local Hugging Face cache resolves it (the snapshot folder vLLM then loads), and `how` it was
+    found. A folder inside a cache snapshot (`.../snapshots/<commit>/`) names its commit too;
+    an embedded model names its package."""
+    out: dict[str, str | None] = {"source": source, "revision": revision, "commit": None}
+    if source.startswith(EMBEDDED_PREFIX):
+        spec = EMBEDDED_MODELS.get(source.removeprefix(EMBEDDED_PREFIX))
+        return {**out, "how": f"embedded in the package {spec.pip_name if spec else '?'}"}
+    if not is_hub_id(source):
+        folder = Path(source).expanduser().resolve()
+        if folder.parent.name == "snapshots" and _COMMIT.fullmatch(folder.name):
+            return {**out, "commit": folder.name,
+                    "how": "a local folder that is a Hugging Face cache snapshot"}
+        return {**out, "how": "a local folder: no commit recorded in its path"}
+    try:
+        config = _cached_hub_file(source, revision)
+    except ModelNotFoundError:
+        return {**out, "how": "not in this machine's Hugging Face cache (a server elsewhere?)"}
+    return {**out, "commit": config.parent.name,
+            "how": f"the local Hugging Face cache's {'pinned revision' if revision else 'main'}"}
+
+
+_COMMIT = re.compile(r"[0-9a-f]{40}")
 
 
 def ensure_embedded(name: str, *, python: str = sys.executable) -> Path:

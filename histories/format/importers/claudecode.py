@@ -18,6 +18,17 @@ logged before the response's next block, and still follows the merged turn):
 The log holds no tool schemas (`tools` stays empty) and its `usage` is the streamed count of the
 line it is on (the first block's lines often say 1 or 11 output tokens), so it is kept as
 `extra.claude_usage` for reference and the import is not a replay source.
+
+**The agent's own compaction** (auto-compaction or `/compact`): a `system` record with subtype
+`compact_boundary` (`compactMetadata`: trigger, tokens before) and the `isCompactSummary` user
+record after it. From the boundary on, the model saw the summary, not the turns before it. Such a
+log is a **recorded pair**, forked at the first action after the last boundary:
+- `clean`: the model's context as it stood at the boundary (from the log's start, or from the
+  previous compaction's summary), then the turns after the boundary: compaction undone;
+- `recorded` (`arm=recorded`): the agent's own summary, then the same turns: what it really saw.
+The summary is never a turn after the turns it replaced. `provenance.compactions` lists each
+boundary (line, trigger, tokens before, the summary's size); turns before the context's start are
+counted in `provenance.recorded_pair`.
 """
 
 from __future__ import annotations
@@ -28,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from compaction_bench.histories.format.history import History, refusal
+from compaction_bench.histories.format.importers.compaction import recorded_pair
 from compaction_bench.histories.format.importers.jsonlines import line, strip_suffixes
 from compaction_bench.histories.format.importers.normalize import (
     build_history,
@@ -87,16 +99,43 @@ def claude_code_from_data(records: Any, path: str | Path, *, task: str | None = 
         raise refusal(origin, "a Claude Code session log is JSON Lines with 'user' and "
                       "'assistant' records, each holding a 'message'")
     messages: list[dict[str, Any]] = []
+    segments: list[list[dict[str, Any]]] = []  # the messages before each compaction boundary
+    compactions: list[dict[str, Any]] = []
     turns: dict[str, _Turn] = {}
     known_calls: set[str] = set()
     skipped: Counter[str] = Counter()
     redacted = 0
     meta: dict[str, Any] = {}
+    uuids = {r.get("uuid") for r in records}
+    first = next((r for r in records if "uuid" in r), {})
+    if first.get("parentUuid") is not None and first.get("parentUuid") not in uuids:
+        # a log that continues another (a resumed session, or a checkpoint tool's slice of one):
+        # its first turn's parent is not here, so the context started before this file
+        meta["starts_mid_session"] = True
     for number, record in enumerate(records):
         where = line(number)
         kind, message = record["type"], record.get("message")
-        if kind not in MESSAGE_RECORDS or not isinstance(message, dict) or record.get(
-                "isSidechain"):
+        if record.get("isSidechain"):
+            skipped["sidechain"] += 1
+            continue
+        summary = record.get("isCompactSummary") is True and isinstance(message, dict)
+        if (kind == "system" and record.get("subtype") == "compact_boundary") or (
+                summary and (not compactions or "summary" in compactions[-1])):
+            meta_ = record.get("compactMetadata")
+            info = meta_ if isinstance(meta_, dict) else {}
+            segments.append(messages)
+            messages = []
+            compactions.append({"line": number + 1, "trigger": info.get("trigger"),
+                                "tokens_before": info.get("preTokens")})
+        if summary:
+            assert isinstance(message, dict)
+            content = message.get("content")
+            compactions[-1]["summary"] = (content if isinstance(content, str)
+                                          else text_of(content) if isinstance(content, list)
+                                          else "")
+            compactions[-1]["summary_line"] = number + 1
+            continue
+        if kind not in MESSAGE_RECORDS or not isinstance(message, dict):
             skipped["sidechain" if record.get("isSidechain") else kind] += 1
             continue
         meta.setdefault("session_id", record.get("sessionId"))
@@ -150,6 +189,19 @@ def claude_code_from_data(records: Any, path: str | Path, *, task: str | None = 
                   "redacted_thinking_blocks": redacted,
                   "usage": "streamed per line (partial), kept as extra.claude_usage; not a "
                            "replay source", "tools": "not in the log"}
+    chosen = arm or "clean"
+    for compaction in compactions:
+        if "summary" in compaction:
+            compaction["replacement"] = [{
+                "role": "user", "content": compaction["summary"],
+                "extra": {"compaction": f"the agent's own (Claude Code, {compaction['trigger']}, "
+                                        f"line {compaction['line']})"}}]
+            compaction["summary_chars"] = len(compaction.pop("summary"))
+        else:
+            compaction["unreadable"] = ("no isCompactSummary record after it (a log cut at the "
+                                        "boundary?)")
+    messages, fork = recorded_pair(segments, messages, compactions, chosen, fork, origin,
+                                   provenance, boundary="compact_boundary")
     return build_history(messages, origin=origin, task=task or strip_suffixes(path),
-                         arm=arm or "clean", fork=fork,
+                         arm=chosen, fork=fork,
                          source=source_record("claude-code", path), provenance=provenance)

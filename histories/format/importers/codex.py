@@ -13,7 +13,14 @@ Each line is `{timestamp, type, payload}`. What the model saw and said is in the
   `provenance.skipped_items`;
 - `event_msg` `token_count`: the usage of the response just finished (`last_token_usage`), kept
   on that assistant turn as `extra.usage` in OpenAI's shape, so a continuation after the fork
-  carries per-turn usage (no wall times: Codex does not log a response's duration).
+  carries per-turn usage (no wall times: Codex does not log a response's duration);
+- `event_msg` `user_message`: the user's prompt. The CLI logs it beside the same prompt's
+  `response_item` user message, where it adds nothing; some rollouts (Codex Desktop) log the
+  prompt only here, and then it is the user turn;
+- `compacted`: the agent's own compaction. Its `replacement_history` is what the model saw from
+  then on (the user messages kept, the instructions, and a `compaction` item whose summary is
+  encrypted). The log is a recorded pair (importers/compaction.py): `clean` undoes the
+  compaction; `recorded` is refused while the summary is encrypted, since it cannot be read.
 
 The assistant items between two inputs, closed by their token count, are one assistant turn.
 The rollout holds no tool schemas (`tools` stays empty).
@@ -27,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from compaction_bench.histories.format.history import History, refusal
+from compaction_bench.histories.format.importers.compaction import recorded_pair
 from compaction_bench.histories.format.importers.jsonlines import line, strip_suffixes
 from compaction_bench.histories.format.importers.normalize import build_history, source_record
 
@@ -107,9 +115,17 @@ def codex_from_data(records: Any, path: str | Path, *, task: str | None = None,
     meta: dict[str, Any] = {}
     skipped: Counter[str] = Counter()
     encrypted = 0
+    segments: list[list[dict[str, Any]]] = []
+    compactions: list[dict[str, Any]] = []
+    prompts = 0  # user turns taken from event_msg user_message
     for number, record in enumerate(records):
         where, payload = line(number), record["payload"]
         kind = payload.get("type")
+        if record["type"] == "compacted":
+            segments.append(messages)
+            messages, current, last_assistant = [], None, None
+            compactions.append(_compaction(payload, number + 1, origin, where))
+            continue
         if record["type"] == "session_meta":
             meta = {"session_id": payload.get("id"), "cli_version": payload.get("cli_version"),
                     "originator": payload.get("originator")}
@@ -120,6 +136,14 @@ def codex_from_data(records: Any, path: str | Path, *, task: str | None = None,
             continue
         if record["type"] == "turn_context":
             meta.setdefault("model", payload.get("model"))
+            continue
+        if record["type"] == "event_msg" and kind == "user_message":
+            text = str(payload.get("message") or "")
+            if text and not _logged_already(messages, text):
+                messages.append({"role": "user", "content": text,
+                                 "extra": {"logged_as": "event_msg user_message"}})
+                prompts += 1
+                current = None
             continue
         if record["type"] == "event_msg":
             usage = _usage(payload.get("info")) if kind == "token_count" else None
@@ -136,7 +160,12 @@ def codex_from_data(records: Any, path: str | Path, *, task: str | None = None,
             if role is None:
                 raise refusal(origin, f"unknown role {payload.get('role')!r} (expected "
                               f"{', '.join(ROLES)})", index=where, field_name="payload.role")
-            messages.append({"role": role, "content": "\n".join(_texts(payload.get("content")))})
+            text = "\n".join(_texts(payload.get("content")))
+            if messages and (messages[-1].get("extra") or {}).get("logged_as") and _same(
+                    messages[-1]["content"], text):
+                messages.pop()  # the event's copy came first: the response item is the turn
+                prompts -= 1
+            messages.append({"role": role, "content": text})
             current = None
             continue
         if kind in OUTPUTS:
@@ -165,7 +194,58 @@ def codex_from_data(records: Any, path: str | Path, *, task: str | None = None,
             current.setdefault("tool_calls", []).append(_call(payload, origin, where))
     provenance = {"source_format": "codex-rollout", **meta,
                   "encrypted_reasoning_items": encrypted,
+                  "user_turns_from_user_message_events": prompts,
                   "skipped_items": dict(sorted(skipped.items())), "tools": "not in the log"}
+    messages, fork = recorded_pair(segments, messages, compactions, arm or "clean", fork,
+                                   origin, provenance, boundary="compacted")
     return build_history(messages, origin=origin, task=task or strip_suffixes(path),
                          arm=arm or "clean", fork=fork, source=source_record("codex", path),
                          provenance=provenance)
+
+
+def _same(logged: Any, text: str) -> bool:
+    return str(logged).strip() == text.strip()
+
+
+def _logged_already(messages: list[dict[str, Any]], text: str) -> bool:
+    """Whether the prompt of a `user_message` event is already a user turn: the response item
+    the CLI logs beside it, after the last assistant turn."""
+    for message in reversed(messages):
+        if message.get("role") == "assistant":
+            return False
+        if message.get("role") == "user" and _same(message.get("content"), text):
+            return True
+    return False
+
+
+def _compaction(payload: dict[str, Any], number: int, origin: str, where: str) -> dict[str, Any]:
+    """A `compacted` record as importers/compaction.py takes it: its replacement where every
+    item of it can be read, else why not."""
+    found: dict[str, Any] = {"line": number, "trigger": None, "tokens_before": None,
+                             "window_number": payload.get("window_number")}
+    history = payload.get("replacement_history")
+    summary = payload.get("message")
+    if not isinstance(history, list):
+        if isinstance(summary, str) and summary:  # older rollouts: the summary as plain text
+            found["replacement"] = [{"role": "user", "content": summary, "extra": {
+                "compaction": f"the agent's own (Codex, line {number})"}}]
+        else:
+            found["unreadable"] = "it records neither a replacement history nor a summary"
+        return found
+    replacement: list[dict[str, Any]] = []
+    hidden = 0
+    for item in history:
+        if not isinstance(item, dict):
+            continue
+        role = ROLES.get(str(item.get("role"))) if item.get("type") == "message" else None
+        if role is not None:
+            replacement.append({"role": role, "content": "\n".join(_texts(item.get("content")))})
+        else:
+            hidden += 1
+    found["items_kept"] = len(replacement)
+    if hidden:
+        found["unreadable"] = (f"{hidden} item(s) of its replacement history (the compaction "
+                               "summary) are encrypted")
+    else:
+        found["replacement"] = replacement
+    return found

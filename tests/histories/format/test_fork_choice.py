@@ -243,3 +243,16 @@ def test_reasoning_kept_only_in_the_raw_response_is_noted_as_unused(tmp_path: Pa
     assert history.messages[1]["extra"]["response"] == response  # kept, not sent
     [note] = history.provenance["reasoning_unused"]
     assert (note["field"], note["turns"]) == (RAW_REASONING, 1)
+
+
+def test_import_writes_the_agents_own_compaction_beside_clean(tmp_path: Path) -> None:
+    # issue 33: a Claude Code log with an auto-compaction gives a recorded pair, both files
+    sample = SAMPLES / "claudecode" / "auto_compact.jsonl"
+    out = tmp_path / "session" / "clean.json"
+    done = CliRunner().invoke(app, ["import", str(sample), str(out)])
+    assert done.exit_code == 0, done.output
+    clean, recorded = load_history(out), load_history(out.parent / "recorded.json")
+    assert recorded.arm == "recorded" and clean.continuation == recorded.continuation
+    line = next(text for text in done.output.splitlines() if "recorded.json" in text)
+    assert "the agent's own compaction (auto, 155250 tokens before, line 31)" in line
+    assert f"in place of the {len(clean.messages) - 1} messages clean.json keeps" in line

@@ -28,7 +28,11 @@ from compaction_bench.loadgen.replay import recorded_plan
 SAMPLES = Path(__file__).parent / "samples"
 OPENHANDS = SAMPLES / "openhands" / "wrong_initial_state.json"
 CLAUDE = SAMPLES / "claudecode" / "tool_heavy.jsonl"
+CLAUDE_COMPACTED = (SAMPLES / "claudecode" / "auto_compact.jsonl",
+                    SAMPLES / "claudecode" / "auto_compact_2.jsonl")
 CODEX = SAMPLES / "codex" / "rollout-2026-05-11T11-26-55-019e1625-first-task.jsonl"
+CODEX_PROMPTS = SAMPLES / "codex" / "agentv-prompts.jsonl"
+CODEX_COMPACTED = SAMPLES / "codex" / "agentv-compacted-first-window.jsonl"
 RECORD = "laguna-s-2.1__atcoder-abc400_a__rep-01__seed-1411000"
 REQUEST_LOG = SAMPLES / "requestlog" / f"{RECORD}.clean.jsonl"
 STUDY_FORK = 4  # the record's fork: the last assistant turn of its first recorded request
@@ -171,6 +175,62 @@ def test_claude_code_tool_result_without_its_call_is_refused_by_line(tmp_path: P
     assert f": line {result + 1}:" in text
 
 
+@pytest.mark.parametrize(("sample", "boundary", "tokens"), [
+    (CLAUDE_COMPACTED[0], 31, 155250), (CLAUDE_COMPACTED[1], 37, 155461)])
+def test_the_agents_own_compaction_is_a_recorded_pair_never_a_turn_after_what_it_replaced(
+        sample: Path, boundary: int, tokens: int) -> None:
+    # issue 33: before, the summary was imported as a user turn after the 17 (21) messages it
+    # replaced, so clean.json claimed the model saw both
+    lines = [json.loads(text) for text in sample.read_text(encoding="utf-8").splitlines()]
+    assert lines[boundary - 1]["subtype"] == "compact_boundary"
+    summary = lines[boundary]["message"]["content"]
+    assert lines[boundary]["isCompactSummary"] is True
+    clean = import_history(sample)
+    recorded = import_history(sample, arm="recorded")
+    assert clean.arm == "clean" and recorded.arm == "recorded"
+    for history in (clean, recorded):
+        assert not any(m.get("content") == summary for m in history.continuation)
+        (compaction,) = history.provenance["compactions"]
+        assert compaction == {"line": boundary, "trigger": "auto", "tokens_before": tokens,
+                              "summary_line": boundary + 1, "summary_chars": len(summary)}
+    before = clean.provenance["recorded_pair"]["clean_messages_before_the_boundary"]
+    # clean: the context as it stood at the boundary, no summary in it; recorded: the summary
+    # alone in its place; both fork at the same action and continue alike
+    assert all(m.get("content") != summary for m in clean.messages)
+    assert recorded.messages[0] == {"role": "user", "content": summary, "extra": {
+        "compaction": f"the agent's own (Claude Code, auto, line {boundary})"}}
+    assert clean.messages[before:] == recorded.messages[1:]
+    assert clean.fork is not None and recorded.fork is not None
+    assert clean.fork.action == recorded.fork.action
+    assert clean.continuation == recorded.continuation
+    assert clean.provenance["starts_mid_session"] is True  # Entire's slice of a session
+    assert "mid-session" in clean.provenance["recorded_pair"]["clean_context"]
+
+
+def test_a_compaction_pair_refuses_a_fork_and_a_log_without_one_refuses_recorded() -> None:
+    assert "fork= does not apply" in refused(CLAUDE_COMPACTED[0], fork=3)
+    assert "records none (no compact_boundary record)" in refused(CLAUDE, arm="recorded")
+    assert "has arms clean and recorded, not 'self'" in refused(CLAUDE_COMPACTED[0], arm="self")
+
+
+def test_a_second_compaction_starts_the_clean_context_at_the_first_ones_summary(
+        tmp_path: Path) -> None:
+    # two real sessions' compactions, one after the other: the second session's records follow
+    # the first's whole file, so the model's context at the second boundary began with the
+    # first boundary's summary
+    first, second = (p.read_text(encoding="utf-8") for p in CLAUDE_COMPACTED)
+    path = tmp_path / "two.jsonl"
+    path.write_text(first.rstrip("\n") + "\n" + second, encoding="utf-8")
+    clean = import_history(path)
+    one = import_history(CLAUDE_COMPACTED[0])
+    assert [c["line"] for c in clean.provenance["compactions"]] == [31, 54 + 37]
+    pair = clean.provenance["recorded_pair"]
+    assert pair["clean_context"] == "the replacement of the compaction at line 31"
+    assert pair["messages_before_the_context"] == one.provenance["recorded_pair"][
+        "clean_messages_before_the_boundary"]
+    assert clean.messages[0]["extra"]["compaction"].endswith("line 31)")
+
+
 # --- Codex CLI -------------------------------------------------------------------------------
 
 def test_codex_rollout_imports_with_its_prompt_calls_and_per_response_usage() -> None:
@@ -278,3 +338,49 @@ def test_an_imported_request_log_replays_against_the_fake_engine(tmp_path: Path)
         assert arm["status"] == "complete" and arm["terminal_status"] == "Replayed", arm
         assert arm["forced_requests"] == arm["forced_exact"] == len(recorded) == 2
         assert arm["recorded_completion_tokens"] == sum(recorded)
+
+
+def test_codex_prompts_logged_only_as_user_message_events_are_user_turns(tmp_path: Path) -> None:
+    # issue 33: Codex Desktop logs a prompt only as an event_msg user_message; the importer
+    # dropped it. The CLI sample logs each prompt both ways: its turns must not double, and the
+    # same file without the response items' copies (as Desktop writes it) keeps every prompt
+    lines = CODEX_PROMPTS.read_text(encoding="utf-8").splitlines()
+    events = [json.loads(text)["payload"]["message"] for text in lines
+              if '"type":"user_message"' in text]
+    assert len(events) == 5
+    both = import_history(CODEX_PROMPTS)
+    full = both.messages + both.continuation
+    assert both.provenance["user_turns_from_user_message_events"] == 0
+    assert all(sum(m["content"].strip() == e.strip() for m in full if m["role"] == "user") == 1
+               for e in events)
+    def prompt_item(record: dict[str, Any]) -> bool:
+        payload = record["payload"]
+        return record["type"] == "response_item" and payload.get("role") == "user" and any(
+            "".join(p.get("text", "") for p in payload["content"]).strip() == e.strip()
+            for e in events)
+
+    only_events = [text for text in lines if not prompt_item(json.loads(text))]
+    assert len(only_events) == len(lines) - 5
+    path = tmp_path / "desktop-like.jsonl"
+    path.write_text("\n".join(only_events) + "\n", encoding="utf-8")
+    alone = import_history(path)
+    assert alone.provenance["user_turns_from_user_message_events"] == 5
+    prompts = [m for m in alone.messages + alone.continuation
+               if (m.get("extra") or {}).get("logged_as") == "event_msg user_message"]
+    assert [m["content"] for m in prompts] == events
+
+
+def test_codex_compaction_is_recorded_and_its_encrypted_summary_is_no_arm() -> None:
+    # issue 33: the `compacted` record was only counted, and the turns before it stayed in the
+    # history as if the model had seen them after it
+    clean = import_history(CODEX_COMPACTED)
+    (compaction,) = clean.provenance["compactions"]
+    assert compaction["line"] == 272 and compaction["items_kept"] == 9
+    assert "encrypted" in compaction["unreadable"]
+    pair = clean.provenance["recorded_pair"]
+    assert pair["boundary_line"] == 272 and pair["recorded"].startswith("none: ")
+    assert clean.fork is not None and clean.fork.message_index == pair[
+        "clean_messages_before_the_boundary"]  # the first action after the boundary
+    assert clean.fork.pending_result is not None
+    assert "cannot be a recorded arm" in refused(CODEX_COMPACTED, arm="recorded")
+    assert "fork= does not apply" in refused(CODEX_COMPACTED, fork=5)

@@ -258,6 +258,24 @@ MODEL_FREE_ARMS = ("delete-all-thinking", "keep-latest", "random-30")
 TOKENIZER = "embedded:smollm2-135m-instruct"
 
 
+def default_target(history: History, root: Path | None = None) -> Path:
+    """Where an import goes unless told: `<root>/<task>/clean.json` (root: the histories root's
+    `imported/`), unless that folder holds another log's import, when the source file's hash
+    names the folder (`<task>-<sha256[:8]>`): two runs of one instance never overwrite each
+    other."""
+    folder = (root or histories_root() / "imported") / history.task
+    digest = str((history.source or {}).get("sha256") or "")
+    existing = folder / "clean.json"
+    if digest and existing.is_file():
+        try:
+            same = (load_history(existing).source or {}).get("sha256") == digest
+        except SuiteError:
+            same = False
+        if not same:
+            folder = folder.with_name(f"{history.task}-{digest[:8]}")
+    return folder / "clean.json"
+
+
 def next_commands(history: History, out: Path) -> list[str]:
     """What to run after importing `history` to `out`: the fork chosen and why, the arm files
     it can have without a model, and the replay when it carries recorded per-turn usage."""
@@ -268,7 +286,7 @@ def next_commands(history: History, out: Path) -> list[str]:
                      "fork=N at an action whose result was")
     elif out.name != "clean.json" or history.arm != "clean":
         lines.append("arm files are written beside a clean arm's clean.json: import to "
-                     f"{out.parent / history.task / 'clean.json'} to write them")
+                     f"{default_target(history, out.parent)} to write them")
     else:
         lines += ["write the arm files that need no model:",
                   f"  compaction-bench histories arms root={out.parent.parent} task="
@@ -319,8 +337,7 @@ def import_cmd(
                       from_env=from_env, flags=ctx.params)
     log = _given(source, "SOURCE", "histories import <log> [out.json]")
     history = import_history(log, task=c.task, fork=c.fork)
-    target = Path(paths[0]) if paths else (
-        histories_root() / "imported" / history.task / "clean.json")
+    target = Path(paths[0]) if paths else default_target(history)
     save_history(history, target)
     typer.echo(f"wrote {target}")
     pair = history.provenance.get("recorded_pair")
@@ -334,8 +351,28 @@ def import_cmd(
                    f"{boundary['line']}): its summary in place of the "
                    f"{pair['clean_messages_before_the_boundary']} messages clean.json keeps "
                    f"(clean's context: {pair['clean_context']})")
+    typer.echo(reasoning_line(history))
     for line in next_commands(history, target):
         typer.echo(line)
+
+
+def reasoning_line(history: History) -> str:
+    """What reasoning the import read, what it could not, and what the policies will treat as
+    the reasoning: where no block is readable, the visible text before each action, which a
+    reasoning policy then edits."""
+    turns = [m for m in history.messages + history.continuation if m.get("role") == "assistant"]
+    readable = sum(bool(m.get("reasoning")) for m in turns)
+    p = history.provenance
+    hidden = {"encrypted": p.get("encrypted_reasoning_items"),
+              "redacted": p.get("redacted_thinking_blocks")}
+    unreadable = ", ".join(f"{n} {kind}" for kind, n in hidden.items()
+                           if isinstance(n, int) and n)
+    uses = ("the reasoning field (native)" if history.reasoning_mode == "native" else
+            "the visible text before each action (no readable reasoning field"
+            + (": a reasoning policy edits what the user saw" if unreadable else "") + ")")
+    return (f"reasoning: {readable} of {len(turns)} assistant turns readable"
+            + (f" ({unreadable}, not readable)" if unreadable else "")
+            + f"; the policies use {uses}")
 
 
 @app.command("import-study", hidden=True)

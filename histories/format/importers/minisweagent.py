@@ -20,6 +20,7 @@ from compaction_bench.histories.format.history import (
     refusal,
 )
 from compaction_bench.histories.format.importers.normalize import (
+    anthropic_parts,
     build_history,
     default_task,
     source_record,
@@ -122,11 +123,14 @@ def openai_messages_from_data(data: Any, path: str | Path, *, task: str | None =
     tools = container.get("tools")
     if tools is not None and not isinstance(tools, list):
         raise refusal(origin, "must be a list of tool schemas", field_name="tools")
-    return build_history(container.get("messages"), origin=origin,
+    messages, converted = anthropic_parts(container.get("messages"), origin)
+    provenance = {"source_format": "openai-messages", "model": container.get("model")}
+    if converted:
+        provenance["anthropic_parts"] = converted
+    return build_history(messages, origin=origin,
                          task=_task_for(container, path, task), arm=arm or "clean", fork=fork,
                          source=source_record("openai-messages", path),
-                         provenance={"source_format": "openai-messages",
-                                     "model": container.get("model")}, tools=tools)
+                         provenance=provenance, tools=tools)
 
 
 def import_minisweagent_v2(path: str | Path, *, task: str | None = None,

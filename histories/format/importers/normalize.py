@@ -118,6 +118,76 @@ def reasoning_notes(raw_messages: list[Any]) -> dict[str, Any]:
     return notes
 
 
+# Content parts a message list may hold: text (OpenAI's and Anthropic's), and the Messages API's
+# own parts that Anthropic-API agents (Cline, Roo Code) log. Anything else is refused by name.
+ANTHROPIC_PARTS = ("text", "thinking", "redacted_thinking", "tool_use", "tool_result")
+
+
+def anthropic_parts(messages: Any, origin: str) -> tuple[Any, dict[str, int]]:
+    """A message list whose content parts are the Anthropic Messages API's, in our form:
+    `tool_use` parts become the turn's tool calls, `tool_result` parts tool messages (before
+    the user's text, as Anthropic orders them), `thinking` stays for `normalize_message`. A part
+    of another type (`image`, `document`, ...) is refused naming it, never dropped. Returns the
+    messages and how many parts of each converted type there were (empty: nothing to do)."""
+    if not isinstance(messages, list):
+        return messages, {}
+    out: list[Any] = []
+    counts: dict[str, int] = {}
+    for index, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, list):
+            out.append(message)
+            continue
+        parts = [p for p in content if isinstance(p, dict)]
+        for part in parts:
+            kind = str(part.get("type", "text"))
+            if kind not in ANTHROPIC_PARTS:
+                raise refusal(origin, f"a content part of type {kind!r} cannot be imported (the "
+                              "suite replays text, tool calls and reasoning only): remove the "
+                              "part, or put what it showed into text, and import again",
+                              index=index, field_name="content")
+            if kind in ("tool_use", "tool_result", "thinking"):
+                counts[kind] = counts.get(kind, 0) + 1
+        kept = [p for p in parts if p.get("type", "text") not in ("tool_use", "tool_result")]
+        uses = [p for p in parts if p.get("type") == "tool_use"]
+        results = [p for p in parts if p.get("type") == "tool_result"]
+        role = message.get("role")
+        if (uses and role != "assistant") or (results and role != "user"):
+            raise refusal(origin, f"a {'tool_use' if uses else 'tool_result'} part in a "
+                          f"{role!r} message (Anthropic puts tool_use in assistant turns and "
+                          "tool_result in user turns)", index=index, field_name="content")
+        for result in results:
+            out.append(_anthropic_result(result, origin, index))
+        if results and not any(str(p.get("text") or "").strip() for p in kept):
+            continue  # the user turn held only tool results
+        converted = {**message, "content": kept}
+        if uses:
+            calls = [{"id": p.get("id"), "type": "function", "function": {
+                "name": p.get("name"), "arguments": json.dumps(p.get("input") or {})}}
+                for p in uses]
+            prior = message.get("tool_calls")
+            converted["tool_calls"] = [*(prior if isinstance(prior, list) else []), *calls]
+        out.append(converted)
+    return out, counts
+
+
+def _anthropic_result(part: dict[str, Any], origin: str, index: int) -> dict[str, Any]:
+    content = part.get("content")
+    if isinstance(content, list):
+        kinds = {str(p.get("type", "text")) for p in content if isinstance(p, dict)}
+        if kinds - {"text"}:
+            raise refusal(origin, f"a tool_result holds a part of type "
+                          f"{sorted(kinds - {'text'})[0]!r}, which cannot be imported (text "
+                          "only): remove it and import again", index=index,
+                          field_name="content")
+        content = text_of(content)
+    result: dict[str, Any] = {"role": "tool", "tool_call_id": part.get("tool_use_id"),
+                              "content": "" if content is None else str(content)}
+    if part.get("is_error"):
+        result["extra"] = {"is_error": True}
+    return result
+
+
 def _normalize_call(call: Any) -> Any:
     if not isinstance(call, dict):
         return call

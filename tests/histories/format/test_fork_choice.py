@@ -256,3 +256,49 @@ def test_import_writes_the_agents_own_compaction_beside_clean(tmp_path: Path) ->
     line = next(text for text in done.output.splitlines() if "recorded.json" in text)
     assert "the agent's own compaction (auto, 155250 tokens before, line 31)" in line
     assert f"in place of the {len(clean.messages) - 1} messages clean.json keeps" in line
+
+
+def test_import_says_what_reasoning_it_read_and_what_the_policies_will_edit(
+        tmp_path: Path) -> None:
+    # issue 33: where every reasoning item is encrypted, a reasoning policy edits the visible
+    # commentary; the import says so instead of leaving it to be found in the arm files
+    codex = SAMPLES / "codex" / "rollout-2026-05-11T11-26-55-019e1625-first-task.jsonl"
+    history = import_history(codex)
+    encrypted = history.provenance["encrypted_reasoning_items"]
+    assert encrypted > 0
+    done = CliRunner().invoke(app, ["import", str(codex), str(tmp_path / "c" / "clean.json")])
+    assert done.exit_code == 0, done.output
+    [line] = [text for text in done.output.splitlines() if text.startswith("reasoning: ")]
+    turns = sum(m["role"] == "assistant" for m in history.messages + history.continuation)
+    readable = sum(bool(m.get("reasoning")) for m in history.messages + history.continuation
+                   if m["role"] == "assistant")
+    assert line.startswith(f"reasoning: {readable} of {turns} assistant turns readable "
+                           f"({encrypted} encrypted, not readable)")
+    claude = CliRunner().invoke(app, ["import", str(SAMPLES / "claudecode" / "tool_heavy.jsonl"),
+                                      str(tmp_path / "k" / "clean.json")])
+    assert "; the policies use the reasoning field (native)" in claude.output
+
+
+def test_two_logs_of_one_task_never_import_over_each_other(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # issue 33: two runs of the same instance were both sent to <task>/clean.json
+    monkeypatch.setenv("COMPBENCH_HISTORIES", str(tmp_path / "h"))
+    first = tmp_path / "a" / "run.traj.json"
+    second = tmp_path / "b" / "run.traj.json"
+    for path in (first, second):
+        path.parent.mkdir()
+    first.write_bytes(MSWEA.read_bytes())
+    data = json.loads(MSWEA.read_text())
+    data["info"] = {**data.get("info", {}), "note": "a second run"}
+    write(second, data)
+    runner = CliRunner()
+    outs = []
+    for path in (first, second, first):
+        done = runner.invoke(app, ["import", str(path)])
+        assert done.exit_code == 0, done.output
+        outs.append(Path(done.output.splitlines()[0].removeprefix("wrote ")))
+    task = load_history(outs[0]).task  # the trajectory names its instance
+    assert outs[0] == tmp_path / "h" / "imported" / task / "clean.json"
+    assert outs[1].parent.name.startswith(f"{task}-") and outs[1] != outs[0]
+    assert outs[2] == outs[0]  # the same log again goes where it went
+    assert load_history(outs[0]).source != load_history(outs[1]).source

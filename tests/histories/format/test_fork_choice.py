@@ -113,9 +113,11 @@ def test_the_commands_import_prints_run_as_printed(tmp_path: Path) -> None:
     done = runner.invoke(app, ["import", str(MSWEA), str(out)])
     assert done.exit_code == 0, done.output
     lines = done.output.splitlines()
-    assert lines[:2] == [f"wrote {out}", "fork: message 80: default: the last action whose "
-                         "result was recorded (message 80); the later action at [82] has no "
-                         "recorded result"]
+    assert lines[0] == f"wrote {out}"
+    assert lines[1].startswith("reasoning: 0 of 41 assistant turns readable; the policies use "
+                               "the visible text before each action")
+    assert lines[2] == ("fork: message 80: default: the last action whose result was recorded "
+                        "(message 80); the later action at [82] has no recorded result")
     [arms] = [line.strip() for line in lines if "histories arms" in line]
     words = shlex.split(arms)
     assert words[:3] == ["compaction-bench", "histories", "arms"]

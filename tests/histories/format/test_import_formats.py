@@ -384,3 +384,39 @@ def test_codex_compaction_is_recorded_and_its_encrypted_summary_is_no_arm() -> N
     assert clean.fork.pending_result is not None
     assert "cannot be a recorded arm" in refused(CODEX_COMPACTED, arm="recorded")
     assert "fork= does not apply" in refused(CODEX_COMPACTED, fork=5)
+
+
+def test_anthropic_content_parts_in_a_message_list_become_tool_calls_and_results(
+        tmp_path: Path) -> None:
+    # issue 33: a list of Anthropic Messages API messages (what Cline and Roo Code log) passed as
+    # OpenAI messages with every tool_use part dropped. The real Claude Code sample's `message`
+    # objects are such a list: imported that way, it must give the Claude Code import's calls.
+    records = [json.loads(text) for text in CLAUDE.read_text(encoding="utf-8").splitlines()]
+    messages = [{"role": r["message"]["role"], "content": r["message"]["content"]}
+                for r in records if r.get("type") in ("user", "assistant")
+                and not r.get("isSidechain") and isinstance(r.get("message"), dict)]
+    assert sum(isinstance(m["content"], list) and any(
+        p.get("type") == "tool_use" for p in m["content"]) for m in messages) > 0
+    path = tmp_path / "anthropic.json"
+    path.write_text(json.dumps(messages), encoding="utf-8")
+    listed = import_history(path)
+    logged = import_history(CLAUDE)
+
+    def calls(history: Any) -> list[tuple[str, str]]:
+        return [(c["id"], c["function"]["name"]) for m in history.messages + history.continuation
+                for c in m.get("tool_calls") or []]
+
+    def results(history: Any) -> list[str]:
+        return [m["tool_call_id"] for m in history.messages + history.continuation
+                if m["role"] == "tool"]
+
+    assert calls(listed) == calls(logged) and len(calls(listed)) > 5
+    assert results(listed) == results(logged)
+    converted = listed.provenance["anthropic_parts"]
+    assert converted["tool_use"] == len(calls(listed)) and converted["thinking"] >= 1
+    # a part the suite cannot replay is refused by name, never dropped
+    image = [*messages[:1], {"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "data": "AAAA"}}]}]
+    bad = tmp_path / "image.json"
+    bad.write_text(json.dumps(image), encoding="utf-8")
+    assert "a content part of type 'image' cannot be imported" in refused(bad)

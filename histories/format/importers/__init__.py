@@ -36,7 +36,7 @@ from compaction_bench.histories.format.importers.claudecode import (
     is_claude_code_log,
 )
 from compaction_bench.histories.format.importers.codex import codex_from_data, is_codex_rollout
-from compaction_bench.histories.format.importers.jsonlines import read_source
+from compaction_bench.histories.format.importers.jsonlines import NotJson, read_source
 from compaction_bench.histories.format.importers.minisweagent import (
     V1_FORMAT,
     V2_FORMAT,
@@ -125,7 +125,9 @@ def detect_format(data: object) -> str:
         return "openhands"  # one instance of an OpenHands evaluation's output
     if isinstance(data.get("trajectory"), list) or isinstance(history, list):
         return "swe-agent"
-    if isinstance(data.get("messages"), list):
+    messages = data.get("messages")
+    if isinstance(messages, list) and all(isinstance(m, dict) and "role" in m
+                                          for m in messages):
         return "openai-messages"
     if is_request_log([data]):
         return "request-log"  # a log of one request
@@ -140,6 +142,12 @@ def _shape(data: object) -> str:
             return f"a list whose first item has keys {sorted(first)[:8]}"
         return f"a list of {len(data)} items" if data else "an empty list"
     if isinstance(data, dict):
+        messages = data.get("messages")
+        if isinstance(messages, list) and messages:
+            first = messages[0]
+            keys = sorted(first)[:8] if isinstance(first, dict) else type(first).__name__
+            return (f"an object whose 'messages' are not OpenAI messages (each needs a 'role'; "
+                    f"the first has keys {keys})")
         return f"an object with keys {sorted(data)[:8]}"
     return f"a JSON {type(data).__name__}"
 
@@ -153,7 +161,12 @@ def import_history(path: str | Path, *, task: str | None = None, fork: int | Non
     Every refusal is a `HistoryError` naming the file, the message index and the field.
     """
     origin = str(path)
-    data = read_source(path)
+    try:
+        data = read_source(path)
+    except NotJson as text:
+        raise refusal(origin, f"unrecognized format (text that is not JSON, opening "
+                      f"{text.first_line[:60]!r}): expected one of "
+                      + "; ".join(FORMATS.values())) from None
     kind = detect_format(data)
     if kind == "history":
         history = History.from_json(data, origin=origin)
@@ -182,4 +195,13 @@ def import_history(path: str | Path, *, task: str | None = None, fork: int | Non
     if kind in readers:
         return readers[kind](data, path, task=task, fork=fork, arm=arm)
     raise refusal(origin, f"unrecognized format ({_shape(data)}): expected one of "
-                  + "; ".join(FORMATS.values()))
+                  + "; ".join(FORMATS.values()) + _hint(data))
+
+
+def _hint(data: object) -> str:
+    """What to do with a file that is almost a known format."""
+    if isinstance(data, list) and len(data) > 1 and all(
+            isinstance(d, dict) and isinstance(d.get("history"), list) for d in data):
+        return (f" (this looks like an evaluation output of {len(data)} instances, one per "
+                "line: import one at a time, e.g. `head -n 1 output.jsonl > one.json`)")
+    return ""

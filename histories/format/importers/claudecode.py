@@ -184,6 +184,10 @@ def claude_code_from_data(records: Any, path: str | Path, *, task: str | None = 
                     "name": block["name"], "arguments": json.dumps(block.get("input") or {})}})
     for turn in turns.values():
         turn.finish()
+    if not messages and not any(segments) and skipped.get("sidechain"):
+        raise refusal(origin, f"every message record is a subagent's ({skipped['sidechain']} "
+                      "with isSidechain): this is a subagent's log, not the session's; import "
+                      "the session's own <session-id>.jsonl")
     provenance = {"source_format": "claude-code", **meta,
                   "skipped_records": dict(sorted(skipped.items())),
                   "redacted_thinking_blocks": redacted,

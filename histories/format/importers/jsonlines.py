@@ -21,10 +21,20 @@ from compaction_bench.histories.format.history import (
 )
 
 
+class NotJson(HistoryError):
+    """The file is text that is not JSON at all (it opens with neither `{` nor `[`): an
+    unrecognized format, not a broken JSON file. `first_line` is what it opens with."""
+
+    def __init__(self, message: str, first_line: str) -> None:
+        super().__init__(message)
+        self.first_line = first_line
+
+
 def read_source(path: str | Path) -> Any:
     """The parsed file: a JSON document as it is, a JSON Lines file as the list of its objects.
 
-    Refusals are `HistoryError`s naming the file (and for JSON Lines the line number)."""
+    Refusals are `HistoryError`s naming the file (and for JSON Lines the line number); text
+    that is not JSON at all is `NotJson`."""
     try:
         return parse_json_file(path)
     except HistoryError as whole:
@@ -34,6 +44,8 @@ def read_source(path: str | Path) -> Any:
             raise whole from None
         lines = text.splitlines()
         first = next((line for line in lines if line.strip()), "")
+        if not first.lstrip().startswith(("{", "[")):
+            raise NotJson(str(whole), first.strip()) from None
         try:
             opening = json.loads(first)
         except (ValueError, RecursionError):

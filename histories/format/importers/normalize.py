@@ -271,7 +271,8 @@ def _fork_refusal(origin: str, problem: str, candidates: list[int],
 
 
 def cut_at_fork(messages: list[dict[str, Any]], protocol: str, requested: int | None, *,
-                origin: str) -> tuple[list[dict[str, Any]], Fork, list[dict[str, Any]], str]:
+                origin: str, tools: bool = False
+                ) -> tuple[list[dict[str, Any]], Fork, list[dict[str, Any]], str]:
     """Split messages at the fork: (history, fork, continuation, why this fork).
 
     `requested` is a message index (of all messages, from 0). None picks the last action whose
@@ -283,8 +284,11 @@ def cut_at_fork(messages: list[dict[str, Any]], protocol: str, requested: int | 
     if requested is None:
         if not candidates:
             raise refusal(origin, "no assistant turn with an action to fork at (expected "
-                          + ("one tool call" if protocol == "tool_calls" else
-                             "one fenced ```bash block") + " in some assistant message)",
+                          + ("one tool call" if protocol == "tool_calls" or tools else
+                             "one fenced ```bash block") + " in some assistant message"
+                          + ("; the file declares tools, but no assistant turn calls one: a "
+                             "log that kept its tool calls elsewhere?" if tools
+                             and protocol != "tool_calls" else "") + ")",
                           field_name="fork")
         answered = [i for i in candidates if _result_of(messages, i, protocol) is not None]
         if not answered:
@@ -348,7 +352,8 @@ def build_history(messages: Any, *, origin: str, task: str, arm: str,
     normalized = [normalize_message(m) for m in messages]
     validate_messages(normalized, origin=origin)
     mode, protocol = detect_modes(normalized)
-    kept, cut, rest, why = cut_at_fork(normalized, protocol, fork, origin=origin)
+    kept, cut, rest, why = cut_at_fork(normalized, protocol, fork, origin=origin,
+                                       tools=bool(tools))
     notes = {**reasoning_notes(messages), **dict(provenance or {})}
     history = History(messages=kept, task=task, arm=arm, reasoning_mode=mode,
                       action_protocol=protocol, fork=cut, info=minisweagent_info(info),

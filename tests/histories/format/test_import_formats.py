@@ -77,6 +77,52 @@ def test_unknown_shapes_are_unrecognized_not_misread(tmp_path: Path, content: An
     assert all(description in text for description in FORMATS.values())
 
 
+def test_a_wrapped_list_of_other_items_and_text_that_is_not_json_are_unrecognized(
+        tmp_path: Path) -> None:
+    # issue 33: a Gemini CLI-like {"messages": [...]} of items without 'role' got "message 0:
+    # field 'role': missing"; an Aider-like Markdown history got "broken JSON at line 1"; neither
+    # listed the formats. (Shapes written here: no licensed public sample of either was found.)
+    wrapped = tmp_path / "session.json"
+    wrapped.write_text(json.dumps({"sessionId": "s", "messages": [
+        {"id": "1", "type": "user", "content": "fix the bug"},
+        {"id": "2", "type": "gemini", "content": "done", "toolCalls": []}]}))
+    text = refused(wrapped)
+    assert text.startswith(f"{wrapped}: unrecognized format (an object whose 'messages' are not "
+                           "OpenAI messages (each needs a 'role'; the first has keys "
+                           "['content', 'id', 'type'])): expected one of ")
+    assert all(description in text for description in FORMATS.values())
+    markdown = tmp_path / ".aider.chat.history.md"
+    markdown.write_text("\n# aider chat started at 2026-01-01 10:00:00\n\n#### fix it\n")
+    text = refused(markdown)
+    assert "unrecognized format (text that is not JSON, opening '# aider chat started" in text
+    assert all(description in text for description in FORMATS.values())
+    # a JSON file that breaks still says where
+    broken = tmp_path / "broken.json"
+    broken.write_text('[{"role": "user",\n')
+    assert "broken JSON at line 2" in refused(broken)
+
+
+def test_refusals_that_are_almost_a_format_say_what_to_do(tmp_path: Path) -> None:
+    # an OpenHands evaluation output of several instances: one line imports
+    instance = json.loads(OPENHANDS.read_text(encoding="utf-8"))
+    lines = [{"instance_id": f"i{k}", "history": instance} for k in range(3)]
+    many = write_lines(tmp_path / "output.jsonl", lines)
+    assert "evaluation output of 3 instances" in refused(many)
+    assert "head -n 1 output.jsonl > one.json" in refused(many)
+    # a Claude Code file holding only a subagent's records
+    records = [json.loads(text) for text in CLAUDE.read_text(encoding="utf-8").splitlines()]
+    side = write_lines(tmp_path / "agent-x.jsonl", [{**r, "isSidechain": True} for r in records])
+    text = refused(side)
+    assert "every message record is a subagent's" in text and "```bash" not in text
+    # a message list that declares tools but makes no tool call
+    talk = tmp_path / "talk.json"
+    talk.write_text(json.dumps({"tools": [{"type": "function", "function": {"name": "bash"}}],
+                                "messages": [{"role": "user", "content": "hi"},
+                                             {"role": "assistant", "content": "hello"}]}))
+    text = refused(talk)
+    assert "expected one tool call" in text and "declares tools" in text
+
+
 def test_each_sample_is_detected_as_its_format() -> None:
     found = {path.parent.name: detect_format(read_source(path))
              for path in (OPENHANDS, CLAUDE, CODEX, REQUEST_LOG)}

@@ -263,10 +263,23 @@ def _observation_for(messages: list[dict[str, Any]], index: int, action: dict[st
     return None
 
 
+def listed(indices: list[int], *, near: int | None = None, most: int = 12) -> str:
+    """Message indices for a refusal: all of a short list; of a long one its count, range and
+    the few nearest `near` (or its ends), so the line stays one line."""
+    if not indices:
+        return "none"
+    if len(indices) <= most:
+        return str(indices)
+    shown = (sorted(sorted(indices, key=lambda i: abs(i - near))[:6]) if near is not None
+             else [*indices[:3], *indices[-3:]])
+    return (f"{len(indices)} turns, messages {indices[0]} to {indices[-1]}; "
+            f"{'nearest' if near is not None else 'first and last'}: {shown}")
+
+
 def _fork_refusal(origin: str, problem: str, candidates: list[int],
                   index: int | None = None) -> HistoryError:
     return refusal(origin, f"{problem}; pick a turn with --fork N (N indexes all messages from "
-                   f"0; turns with an action: {candidates or 'none'})", index=index,
+                   f"0; turns with an action: {listed(candidates)})", index=index,
                    field_name="fork")
 
 
@@ -310,7 +323,7 @@ def cut_at_fork(messages: list[dict[str, Any]], protocol: str, requested: int | 
             reason = ("it is not an assistant turn" if role != "assistant"
                       else "that assistant turn requests no single action")
             raise refusal(origin, f"cannot fork here: {reason} (turns with an action: "
-                          f"{candidates})", index=index, field_name="fork")
+                          f"{listed(candidates, near=index)})", index=index, field_name="fork")
         why = f"requested: --fork {index}"
         if _result_of(messages, index, protocol) is None:
             why += " (its result was not recorded, so no arm file can be written from it)"

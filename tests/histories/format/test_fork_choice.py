@@ -304,3 +304,16 @@ def test_two_logs_of_one_task_never_import_over_each_other(
     assert outs[1].parent.name.startswith(f"{task}-") and outs[1] != outs[0]
     assert outs[2] == outs[0]  # the same log again goes where it went
     assert load_history(outs[0]).source != load_history(outs[1]).source
+
+
+def test_a_fork_refusal_names_the_nearest_turns_not_all_of_them() -> None:
+    # issue 33: a --fork refusal listed about 130 candidate indices
+    history = import_history(MSWEA)
+    turns = [i for i, m in enumerate(history.messages + history.continuation)
+             if message_action(m, history.action_protocol) is not None]
+    assert len(turns) > 12
+    with pytest.raises(HistoryError) as caught:
+        import_history(MSWEA, fork=turns[5] + 1)  # a tool result, not an action
+    text = str(caught.value)
+    assert f"{len(turns)} turns, messages {turns[0]} to {turns[-1]}; nearest: " in text
+    assert str(turns[5]) in text and str(turns[-1] - 2) not in text.split("nearest: ")[1]

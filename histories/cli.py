@@ -352,6 +352,10 @@ def import_cmd(
                    f"{pair['clean_messages_before_the_boundary']} messages clean.json keeps "
                    f"(clean's context: {pair['clean_context']})")
     typer.echo(reasoning_line(history))
+    freeform = history.provenance.get("freeform_tool_calls")
+    if isinstance(freeform, dict):
+        typer.echo(f"note: {freeform['count']} freeform (custom) tool call(s) held as "
+                   f"{freeform['held_as']}")
     for line in next_commands(history, target):
         typer.echo(line)
 

@@ -118,6 +118,7 @@ def codex_from_data(records: Any, path: str | Path, *, task: str | None = None,
     segments: list[list[dict[str, Any]]] = []
     compactions: list[dict[str, Any]] = []
     prompts = 0  # user turns taken from event_msg user_message
+    freeform = 0  # custom (freeform) tool calls, which the history holds as function calls
     for number, record in enumerate(records):
         where, payload = line(number), record["payload"]
         kind = payload.get("type")
@@ -192,9 +193,15 @@ def codex_from_data(records: Any, path: str | Path, *, task: str | None = None,
                 current["reasoning"] = f"{prior}\n{thought}" if prior else thought
         else:
             current.setdefault("tool_calls", []).append(_call(payload, origin, where))
+            if kind == "custom_tool_call":
+                freeform += 1
     provenance = {"source_format": "codex-rollout", **meta,
                   "encrypted_reasoning_items": encrypted,
                   "user_turns_from_user_message_events": prompts,
+                  **({"freeform_tool_calls": {
+                      "count": freeform, "held_as": "function calls whose arguments are "
+                      "{\"input\": <the recorded text>}: a replay sends that shape, not the "
+                      "recorded custom call"}} if freeform else {}),
                   "skipped_items": dict(sorted(skipped.items())), "tools": "not in the log"}
     messages, fork = recorded_pair(segments, messages, compactions, arm or "clean", fork,
                                    origin, provenance, boundary="compacted")

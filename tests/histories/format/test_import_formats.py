@@ -466,3 +466,13 @@ def test_anthropic_content_parts_in_a_message_list_become_tool_calls_and_results
     bad = tmp_path / "image.json"
     bad.write_text(json.dumps(image), encoding="utf-8")
     assert "a content part of type 'image' cannot be imported" in refused(bad)
+
+
+def test_codex_freeform_calls_say_the_shape_a_replay_sends() -> None:
+    # issue 33: custom (freeform) tool calls such as apply_patch became {"input": ...} function
+    # arguments without a word; the shape a replay sends now stands in the provenance
+    lines = CODEX_PROMPTS.read_text(encoding="utf-8").count('"type":"custom_tool_call"')
+    history = import_history(CODEX_PROMPTS)
+    note = history.provenance["freeform_tool_calls"]
+    assert note["count"] == lines > 0 and "a replay sends that shape" in note["held_as"]
+    assert "freeform_tool_calls" not in import_history(CODEX).provenance

@@ -12,6 +12,7 @@ that would shadow what the tests import (`histories.tasks.validation`).
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import tempfile
@@ -26,9 +27,16 @@ from compaction_bench.histories.agent.capture import Snapshots
 from compaction_bench.histories.agent.sandbox import Sandbox, SandboxLimits
 from compaction_bench.histories.agent.totals import mount_workspace, unmount_workspace
 from compaction_bench.histories.tasks.task import Task
-from compaction_bench.histories.tasks.validation import shadowing, validation_copy
+from compaction_bench.histories.tasks.validation import (
+    Canary,
+    expected_tests,
+    shadowing,
+    unittest_verdict,
+    validation_copy,
+)
 
 VALIDATION_TAIL_CHARS = 4000
+UNITTEST = re.compile(r"(^|\s)-m\s+unittest(\s|$)")  # a validation judged on unittest's report
 
 
 class ConfinedEnvironmentConfig(LocalEnvironmentConfig):
@@ -159,20 +167,31 @@ class Workspace:
             return Validation(False, 2, "validation refused: " + "; ".join(refused)
                               + "; the task's tests would not test the task's code")
         folder = self._folder(f"compbench-{self.task.id}-validate-")
+        command = self.task.spec.validation
+        canary = Canary.draw() if UNITTEST.search(command) else None
         try:
             validation_copy(self.path, self.task.workspace, folder)
+            if canary is not None:
+                (folder / f"{canary.module}.py").write_text(canary.source, encoding="utf-8")
+                command = f"{command} {canary.module}"
             box = Sandbox(folder, self.limits, level=self.sandbox.confinement,
                           workspace_total=self._mounted.get(folder))
             limits = self.limits.model_copy(update={"output_cap_chars": 200_000})
             timeout = self.task.spec.command_timeout_s * 3
             try:
-                got = box.run(self.task.spec.validation, timeout_s=timeout, limits=limits)
+                got = box.run(command, timeout_s=timeout, limits=limits)
             finally:
                 box.close()
         finally:
             self._remove(folder)
+        tail = got.output[-VALIDATION_TAIL_CHARS:]
         if got.timed_out:
-            return Validation(False, -1, f"validation timed out after {timeout} s: "
-                              f"{got.output[-VALIDATION_TAIL_CHARS:]}")
-        return Validation(got.returncode == 0, got.returncode,
-                          got.output[-VALIDATION_TAIL_CHARS:])
+            return Validation(False, -1, f"validation timed out after {timeout} s: {tail}")
+        if canary is None:
+            return Validation(got.returncode == 0, got.returncode, tail)
+        # judged on unittest's own report, the canary's failures included: an exit code alone
+        # is set by os._exit or an atexit hook, and a disabled assertion passes every test
+        passed, why = unittest_verdict(got.output, got.returncode,
+                                       expected_tests(self.task.workspace), canary)
+        return Validation(passed, 0 if passed else (got.returncode or 1),
+                          tail if passed else f"validation failed: {why}\n{tail}")

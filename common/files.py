@@ -20,6 +20,7 @@ import math
 import os
 import tempfile
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -221,3 +222,21 @@ def read_jsonl(path: str | Path) -> JsonlRead:
         else:
             issues.append(LineIssue(number, f"not a JSON object ({type(value).__name__})", value))
     return JsonlRead(rows, issues)
+
+
+def walk(root: str | Path) -> Iterator[tuple[str, list[str], list[str]]]:
+    """`os.walk(root)` top-down without recursion (a tree 1,100 folders deep, which an agent can
+    make, passes Python's recursion limit in `os.walk` and `shutil.copytree`): yields (folder,
+    subfolders, other names) in sorted order; pruning `subfolders` in place skips them. Links to
+    folders are listed with the names and never followed."""
+    stack = [os.fspath(root)]
+    while stack:
+        folder = stack.pop()
+        dirs, names = [], []
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                (dirs if entry.is_dir(follow_symlinks=False) else names).append(entry.name)
+        dirs.sort()
+        names.sort()
+        yield folder, dirs, names
+        stack.extend(os.path.join(folder, d) for d in reversed(dirs))

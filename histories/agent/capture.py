@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 
 from compaction_bench.common.errors import SuiteError
+from compaction_bench.common.files import walk
 
 SKIPPED_DIRS = (".git", "__pycache__")
 GIT_TIMEOUT_S = 120
@@ -37,7 +38,11 @@ class CaptureError(SuiteError):
 class Snapshots:
     """A private bare repository holding the pristine tree; `diff(path)` is the patch."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_bytes: int = 128 * 2**20) -> None:
+        # the apparent size of all files a capture may read: a sparse file costs nothing on
+        # disk but git reads (and tmpfs faults in) every byte of it, and random data makes a
+        # patch of 1.35 characters a byte in the suite's memory
+        self.max_bytes = max_bytes
         self.gitdir = Path(tempfile.mkdtemp(prefix="compbench-capture-"))  # mode 700
         self._git("init", "-q", "--bare", str(self.gitdir))
         self.base: str | None = None
@@ -63,10 +68,10 @@ class Snapshots:
         """The tree id of `root` as it is on disk (modes, links, bytes)."""
         entries: list[tuple[str, str, bytes]] = []  # mode, path, content (links: target)
         files: list[tuple[str, str]] = []
-        for folder, dirs, names in os.walk(root):  # never follows links
-            links = [d for d in dirs if os.path.islink(os.path.join(folder, d))]
-            dirs[:] = sorted(d for d in dirs if d not in SKIPPED_DIRS and d not in links)
-            for name in sorted([*names, *links]):
+        total = 0
+        for folder, dirs, names in walk(root):  # never follows links; any depth
+            dirs[:] = [d for d in dirs if d not in SKIPPED_DIRS]
+            for name in names:
                 path = os.path.join(folder, name)
                 relative = os.path.relpath(path, root)
                 info = os.lstat(path)
@@ -74,10 +79,18 @@ class Snapshots:
                     entries.append(("120000", relative, os.fsencode(os.readlink(path))))
                 elif stat.S_ISREG(info.st_mode):  # fifos, sockets and devices are left out
                     files.append(("100755" if info.st_mode & 0o111 else "100644", relative))
+                    total += info.st_size
+                    if total > self.max_bytes:
+                        raise CaptureError(
+                            f"patch capture: the workspace's files add up to more than "
+                            f"{self.max_bytes // 2**20} MiB (apparent size, sparse files "
+                            f"counted whole; {relative!r} passed it): the patch is not taken")
         lines = b""
         plain = [(mode, p) for mode, p in files if "\n" not in p]
         if plain:
-            paths = "".join(os.path.join(root, p) + "\n" for _, p in plain).encode()
+            # names as the file system holds them: a name that is not UTF-8 (caf\xe9.txt) is
+            # a surrogate-escaped str here, and only os.fsencode gives its bytes back
+            paths = b"".join(os.fsencode(os.path.join(root, p)) + b"\n" for _, p in plain)
             ids = self._git("hash-object", "-w", "--no-filters", "--stdin-paths",
                             stdin=paths).decode().split()
             lines += b"".join(f"{mode} {oid}\t".encode() + os.fsencode(p) + b"\0"

@@ -121,13 +121,15 @@ class Totals:
         return {"in_force": dict(self.in_force), "not_in_force": dict(self.not_in_force)}
 
 
-def mount_workspace(path: Path, size_bytes: int) -> str | None:
-    """Mount a tmpfs of `size_bytes` at `path` (an empty folder); None when mounted, else why
-    not (the workspace then stays a plain folder)."""
+def mount_workspace(path: Path, size_bytes: int, files: int | None = None) -> str | None:
+    """Mount a tmpfs of `size_bytes` (and at most `files` inodes) at `path` (an empty folder);
+    None when mounted, else why not (the workspace then stays a plain folder)."""
     if os.geteuid() != 0:
         return "mounting a sized tmpfs at the workspace needs root"
+    inodes = f",nr_inodes={files}" if files else ""
     done = subprocess.run(["mount", "-t", "tmpfs", "-o",
-                           f"size={size_bytes},mode=0755,nosuid,nodev", "compbench-workspace",
+                           f"size={size_bytes}{inodes},mode=0755,nosuid,nodev",
+                           "compbench-workspace",
                            str(path)], capture_output=True, text=True, timeout=30, check=False,
                           start_new_session=True)  # a Ctrl-C of the bench must not cut it
     if done.returncode != 0:

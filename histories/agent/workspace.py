@@ -112,7 +112,7 @@ class Workspace:
             self._git("add", "-A")
             self._git("-c", "user.name=compbench", "-c", "user.email=compbench@localhost",
                       "commit", "-q", "-m", "task workspace")
-            self.snapshots = Snapshots()
+            self.snapshots = Snapshots(self.limits.capture_bytes)
             self.snapshots.keep_base(self.path)
             self.sandbox = Sandbox(self.path, self.limits,
                                    workspace_total=self._mounted.get(self.path))
@@ -128,7 +128,8 @@ class Workspace:
         """A new folder others may enter, a sized tmpfs where the host allows one."""
         folder = Path(tempfile.mkdtemp(prefix=prefix, dir=self.base_dir))
         folder.chmod(0o755)
-        self._mounted[folder] = mount_workspace(folder, self.limits.workspace_bytes)
+        self._mounted[folder] = mount_workspace(folder, self.limits.workspace_bytes,
+                                                self.limits.workspace_files)
         return folder
 
     def _remove(self, folder: Path) -> None:

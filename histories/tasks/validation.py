@@ -34,6 +34,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from compaction_bench.common.files import walk
+
 TEST_PATTERNS = ("test_*.py", "*_test.py", "conftest.py")
 STARTUP_MODULES = frozenset({"sitecustomize", "usercustomize"})
 SUFFIXES = tuple(sorted(importlib.machinery.all_suffixes(), key=len, reverse=True))
@@ -173,10 +175,29 @@ def _ignore(folder: str, names: list[str]) -> set[str]:
     return left
 
 
+def copy_tree(source: Path, dest: Path) -> None:
+    """`source` into `dest` at any depth (no recursion): folders, files and links (kept as
+    links); .git, caches and anything else (fifos, sockets, devices) left out, as `_ignore`
+    says."""
+    for folder, dirs, names in walk(source):
+        here = dest / os.path.relpath(folder, source)
+        here.mkdir(parents=True, exist_ok=True)
+        left = _ignore(folder, [*dirs, *names])
+        dirs[:] = [d for d in dirs if d not in left]
+        for name in names:
+            if name in left:
+                continue
+            path = os.path.join(folder, name)
+            if os.path.islink(path):
+                os.symlink(os.readlink(path), here / name)
+            else:
+                shutil.copy2(path, here / name, follow_symlinks=False)
+
+
 def validation_copy(workspace: Path, pristine: Path, dest: Path) -> list[Path]:
     """Copy `workspace` into `dest` (links kept as links) and put the task's own test files
     back from `pristine`; the restored files, relative."""
-    shutil.copytree(workspace, dest, symlinks=True, ignore=_ignore, dirs_exist_ok=True)
+    copy_tree(workspace, dest)
     restored = task_test_files(pristine)
     for relative in restored:
         here = dest

@@ -77,3 +77,25 @@ def test_a_path_git_reserves_fails_the_capture_naming_it(ws: Workspace) -> None:
     run(ws, "mkdir .GIT && echo x > .GIT/x")
     with pytest.raises(CaptureError, match=r"git refuses the path '\.GIT/x'"):
         ws.patch()
+
+
+def test_a_name_that_is_not_utf8_and_a_very_deep_folder_are_captured_and_validated(
+        ws: Workspace) -> None:
+    # issue 34: `caf\351.txt` made ws.patch() raise UnicodeEncodeError, and a folder 1,100
+    # levels deep made patch capture and validation raise RecursionError
+    out = run(ws, "printf 'x\\n' > \"$(printf 'caf\\351.txt')\"; "
+                  "d=.; for i in $(seq 1100); do d=$d/d; done; mkdir -p $d && echo deep > $d/f; "
+                  "echo made")
+    assert "made" in out, out
+    patch = ws.patch()
+    assert "caf" in patch and "deep" in patch
+    got = ws.validate()  # the unfixed bug: it fails, and does not raise
+    assert not got.passed and "Ran" in got.output
+
+
+def test_a_process_cannot_open_more_files_than_the_box_allows(ws: Workspace) -> None:
+    # issue 34: RLIMIT_NOFILE was never set (5 processes x 19,990 descriptors raised the host's
+    # file-nr by 100,140)
+    out = run(ws, "python3 -c \"import resource; print('nofile', "
+                  "resource.getrlimit(resource.RLIMIT_NOFILE))\"")
+    assert "nofile (1024, 1024)" in out, out

@@ -18,6 +18,7 @@ from typing import Any
 import psutil
 import pytest
 
+from compaction_bench.histories.agent.capture import CaptureError
 from compaction_bench.histories.agent.sandbox import SandboxLimits
 from compaction_bench.histories.agent.totals import _own_cgroups
 from compaction_bench.histories.agent.workspace import ConfinedEnvironment, Workspace
@@ -119,3 +120,26 @@ def test_cgroups_left_by_a_killed_suite_are_swept() -> None:
     stale.mkdir(exist_ok=True)
     with Workspace(load_task("fix-median"), limits=LIMITS):
         assert not stale.exists()
+
+
+def test_files_past_the_workspace_count_are_refused() -> None:
+    # issue 34: the workspace tmpfs allowed millions of inodes (300,000 empty files cost 12 s
+    # of capture, 18.7 s of validation copy and 299 MiB of kernel memory outside the box)
+    small = LIMITS.model_copy(update={"workspace_files": 400})
+    with Workspace(load_task("fix-median"), limits=small) as ws:
+        got = str(run(ws, "for i in $(seq 1000); do : > f$i || { echo STOPPED-AT $i; "
+                          "break; }; done 2>&1 | tail -2")["output"])
+        assert "STOPPED-AT" in got and "No space left on device" in got, got
+        stopped = int(got.split("STOPPED-AT ")[1].split()[0])
+        assert stopped < 400
+
+
+def test_sparse_files_are_refused_by_the_capture_before_git_reads_them(ws: Workspace) -> None:
+    # issue 34: 60 sparse 64 MiB files made the suite's git hash-object fault 1,015 MiB of the
+    # workspace tmpfs into the suite's memory and die of SIGBUS
+    got = str(run(ws, "for i in 1 2 3; do truncate -s 60M sparse$i; done; du -sb .")["output"])
+    assert int(got.split()[0]) < 8 * MiB, got  # they take no space
+    with pytest.raises(CaptureError) as refused:
+        ws.patch()
+    assert "add up to more than 128 MiB (apparent size, sparse files counted whole" in str(
+        refused.value)

@@ -30,8 +30,10 @@ from compaction_bench.bench.faults.harness import (
 )
 from compaction_bench.bench.runfolder import read_run
 from compaction_bench.common.paths import repo_root, tasks_root
+from compaction_bench.histories.agent.sandbox import PROBE_UID, UID_BASE
 
-SANDBOX_UIDS = range(61000, 62000)  # the sandbox's own users when the bench runs as root
+# the sandbox's own users when the bench runs as root: the commands' uids and the probe's
+SANDBOX_UIDS = range(UID_BASE, PROBE_UID + 1)
 HF_CANARY = "hf_canaryCANARYcanaryCANARYcanary0123"
 
 

@@ -6,7 +6,9 @@ box's pid 1, bwrap's init, and hang the command until its timeout), new namespac
 through `unshare`, `setns` or `clone` flags (bwrap's `--disable-userns` closes user namespaces
 too), mounts and the new mount API, kernel keyrings, BPF, perf events, userfaultfd, io_uring,
 module and kexec loading, `open_by_handle_at`, swap, reboot, `syslog`, `acct`, and the TIOCSTI
-ioctl (faking terminal input; the box's new session already makes it useless). `clone3` gets
+ioctl (faking terminal input; the box's new session already makes it useless), `modify_ldt`,
+fanotify, `memfd_secret`, Landlock, `statmount`/`listmount`/`open_tree_attr`, and `socket` of
+the AF_VSOCK family. `clone3` gets
 ENOSYS: its flags live behind a pointer a filter cannot read, so libc falls back to `clone`,
 whose flags are checked. Foreign architectures (i386 and x32 entry points) are refused
 outright, so the numbers below cannot be dodged.
@@ -36,8 +38,14 @@ DENIED = {  # x86_64 numbers
     "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
     "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432,
     "fspick": 433, "mount_setattr": 442,
+    # issue 34's gaps: the LDT (old segment tricks), fanotify (watching the host's files),
+    # secret memory, Landlock (a sandbox the box did not make), the newer mount calls
+    "modify_ldt": 154, "fanotify_init": 300, "landlock_create_ruleset": 444,
+    "landlock_add_rule": 445, "landlock_restrict_self": 446, "memfd_secret": 447,
+    "statmount": 457, "listmount": 458, "open_tree_attr": 467,
 }
-CLONE, CLONE3, IOCTL = 56, 435, 16
+CLONE, CLONE3, IOCTL, SOCKET = 56, 435, 16, 41
+AF_VSOCK = 40  # sockets to the hypervisor or other VMs: a way out the network namespace misses
 CLONE_NAMESPACES = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 \
     | 0x20000000 | 0x40000000  # NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET
 TIOCSTI = 0x5412
@@ -65,6 +73,7 @@ def filter_program() -> bytes | None:
     body.append((JEQ, CLONE3, "nosys", None))
     body.append((JEQ, CLONE, "clone", None))
     body.append((JEQ, IOCTL, "ioctl", None))
+    body.append((JEQ, SOCKET, "socket", None))
     body.append((RET, allow, None, None))
     labels: dict[str, int] = {}
     tail: list[tuple[int, int, str | None, str | None]] = []
@@ -73,6 +82,8 @@ def filter_program() -> bytes | None:
                        (RET, allow, None, None)]),
             ("ioctl", [(LD_ABS_W, ARG1_LOW, None, None), (JEQ, TIOCSTI, "deny", None),
                        (RET, allow, None, None)]),
+            ("socket", [(LD_ABS_W, ARG0_LOW, None, None), (JEQ, AF_VSOCK, "deny", None),
+                        (RET, allow, None, None)]),
             ("nosys", [(RET, RET_ERRNO | errno.ENOSYS, None, None)]),
             ("deny", [(RET, deny, None, None)])):
         labels[name] = len(body) + len(tail)
@@ -93,4 +104,4 @@ def describe() -> dict[str, object]:
                                        f"{platform.machine()}"}
     return {"seccomp": "denylist", "denied": sorted([*DENIED, "clone3 (ENOSYS)",
                                                      "clone with namespace flags",
-                                                     "ioctl TIOCSTI"])}
+                                                     "ioctl TIOCSTI", "socket AF_VSOCK"])}

@@ -54,6 +54,27 @@ def test_ptrace_nested_namespaces_and_mounts_are_refused_inside() -> None:
         assert "u=1" in nested and "n=1" in nested and "m=" in nested and "m=0" not in nested
 
 
+GAPS = ("python3 -c \"import ctypes, os, socket\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "for name, nr in (('modify_ldt', 154), ('fanotify_init', 300), ('memfd_secret', 447), "
+        "('landlock_create_ruleset', 444), ('listmount', 458)):\n"
+        "    print(name, libc.syscall(nr, 0, 0, 0, 0), os.strerror(ctypes.get_errno()))\n"
+        "try:\n    socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)\n    print('vsock open')\n"
+        "except OSError as e:\n    print('vsock', e.errno)\n"
+        "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\nprint('unix ok')\"")
+
+
+@pytest.mark.e2e
+def test_the_gaps_of_issue_34_are_closed_and_ordinary_sockets_still_open() -> None:
+    with Workspace(load_task("fix-median")) as ws:
+        assert isinstance(ws.env, ConfinedEnvironment)
+        got = str(ws.env.execute({"command": GAPS}, timeout=20)["output"])
+        for name in ("modify_ldt", "fanotify_init", "memfd_secret", "landlock_create_ruleset",
+                     "listmount"):
+            assert f"{name} -1 Operation not permitted" in got, got
+        assert "vsock 1" in got and "vsock open" not in got, got  # EPERM
+        assert "unix ok" in got
+
+
 @pytest.mark.e2e
 def test_acquisition_provenance_records_the_box() -> None:
     config = ChatModelConfig(model_name="m", api_url="http://127.0.0.1:9/v1")

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import math
 
-from compaction_bench.bench.analysis.stats import PairedChange
+from compaction_bench.bench.analysis.paired import RunAnalysis
+from compaction_bench.bench.analysis.stats import MIN_BLOCKS_FOR_MEDIAN_INTERVAL, PairedChange
+from compaction_bench.bench.runfolder import REFERENCE_ARM
 from compaction_bench.common.markdown import MISSING, percent
 
 CLEAN_CONTEXT = "clean median (context, not the change's base)"
@@ -67,3 +69,33 @@ def medians_text(change: PairedChange, digits: int = 0, *, unit: str = "") -> st
     return (f"medians {change.arm_median:.{digits}f}{unit} vs clean "
             f"{change.reference_median:.{digits}f}{unit}"
             + ("" if ratio is None else f" (ratio of medians {ratio:+.1f}%)"))
+
+
+def change_cell(change: PairedChange, *, with_n: bool = False) -> str:
+    """Median paired change with its interval, or the reason there is none. Where censored
+    blocks (stopped at the wall limit) can move the median, the bound they leave is printed
+    instead, with their count; an interval's end they leave open is written in words."""
+    if change.n == 0:
+        return "no paired blocks (n=0)"
+    n = f" (n={change.n})" if with_n else ""
+    interval = interval_text(change)
+    if interval is None:
+        return (f"{median_text(change)} (n={change.n}: no interval below "
+                f"{MIN_BLOCKS_FOR_MEDIAN_INTERVAL} blocks; [min, max] covers the median "
+                f"{change.widest_coverage:.1%} only)")
+    return f"{median_text(change)} {interval}{n}"
+
+
+def time_effect(analysis: RunAnalysis, regime: str, source: str) -> str:
+    """The paired postfork change of arm `source` in `regime` (the clean arm: its median, the
+    context), or what the source is where it is no arm (compressor, background)."""
+    comparison = analysis.primary.get(regime)
+    if comparison is None:
+        return MISSING
+    if source == REFERENCE_ARM:
+        return (MISSING if comparison.clean_median_s is None
+                else f"reference: {CLEAN_CONTEXT} {comparison.clean_median_s:.1f} s "
+                f"(n={comparison.n_blocks})")
+    found = comparison.arms.get(source)
+    return change_cell(found.postfork, with_n=True) if found is not None else (
+        "— (not an arm: its requests serve the arms or the load)")

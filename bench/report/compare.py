@@ -11,10 +11,9 @@ from pathlib import Path
 
 from compaction_bench.bench.analysis.paired import POOLED, RunAnalysis, analyze
 from compaction_bench.bench.analysis.repeats import CONDITIONAL, spread_of
-from compaction_bench.bench.report.changes import CLEAN_CONTEXT
+from compaction_bench.bench.report.changes import CLEAN_CONTEXT, change_cell
 from compaction_bench.bench.report.document import Document, Paragraph, Section, Table, to_markdown
 from compaction_bench.bench.report.repeats import spread_text
-from compaction_bench.bench.report.run_report import change_cell
 from compaction_bench.bench.runfolder import AnalysisError, read_run, regime_sort_key
 from compaction_bench.common.files import write_text_atomic
 

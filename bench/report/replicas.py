@@ -5,7 +5,7 @@ request records attributed to a replica (bench/analysis/replicas.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from compaction_bench.bench.analysis.latency import CacheRate
 from compaction_bench.bench.analysis.paired import RunAnalysis
@@ -15,6 +15,7 @@ from compaction_bench.bench.analysis.replicas import (
     continuation_cache,
     run_replica_account,
 )
+from compaction_bench.bench.report.changes import time_effect
 from compaction_bench.bench.report.document import Paragraph, Section, Table
 from compaction_bench.common.markdown import MISSING, number, percent
 
@@ -67,11 +68,15 @@ def replica_table(account: ReplicaAccount, caption_prefix: str = "") -> Table:
         + (f", unattributed: {reasons}" if reasons else "") + ".")
 
 
-def continuation_table(rates: Sequence[ContinuationCache]) -> Table:
+def continuation_table(rates: Sequence[ContinuationCache],
+                       effect: Callable[[str, str], str]) -> Table:
+    """The arms' continuation cache per regime, each beside its time effect (`effect(regime,
+    arm)`): a hit rate alone is not a speedup."""
     return Table(
-        ("Regime", "Arm", "Fork request: hit rate", "Later requests: hit rate", "All"),
-        tuple((c.regime, c.arm, rate_cell(c.first), rate_cell(c.later), rate_cell(c.all))
-              for c in rates),
+        ("Regime", "Arm", "Fork request: hit rate", "Later requests: hit rate", "All",
+         "Postfork time: change vs clean [95% CI]"),
+        tuple((c.regime, c.arm, rate_cell(c.first), rate_cell(c.later), rate_cell(c.all),
+               effect(c.regime, c.arm)) for c in rates),
         "The arms' own ok requests (no compressor or background request): sum cached / sum "
         "prompt tokens as each response's usage reported them; n counts requests. The fork "
         "request is each attempt's first postfork request, where a rewrite breaks the cached "
@@ -97,5 +102,6 @@ def replica_sections(analysis: RunAnalysis) -> list[Section]:
         return [section]
     section.add(replica_table(account),
                 continuation_table(continuation_cache(analysis.records.requests,
-                                                      analysis.arms)))
+                                                      analysis.arms),
+                                   lambda regime, arm: time_effect(analysis, regime, arm)))
     return [section]

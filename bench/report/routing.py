@@ -19,7 +19,7 @@ from compaction_bench.bench.analysis.replicas import (
     continuation_cache,
     run_replica_account,
 )
-from compaction_bench.bench.report.changes import CLEAN_CONTEXT
+from compaction_bench.bench.report.changes import CLEAN_CONTEXT, change_cell
 from compaction_bench.bench.report.compare import check_comparable
 from compaction_bench.bench.report.document import (
     Bullets,
@@ -30,7 +30,7 @@ from compaction_bench.bench.report.document import (
     to_markdown,
 )
 from compaction_bench.bench.report.replicas import rate_cell, replica_table
-from compaction_bench.bench.report.run_report import change_cell, interval_line
+from compaction_bench.bench.report.run_report import interval_line
 from compaction_bench.bench.runfolder import REFERENCE_ARM, RunRecords, read_run, regime_sort_key
 from compaction_bench.common.files import write_text_atomic
 from compaction_bench.common.markdown import MISSING

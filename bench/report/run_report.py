@@ -34,8 +34,7 @@ from compaction_bench.bench.analysis.summary import build_summary
 from compaction_bench.bench.report import plots
 from compaction_bench.bench.report.changes import (
     CLEAN_CONTEXT,
-    interval_text,
-    median_text,
+    change_cell,
     medians_text,
 )
 from compaction_bench.bench.report.document import (
@@ -114,21 +113,6 @@ class ReportFiles:
 
 def pct(value: float | None) -> str:
     return percent(value, 2, sign=True)
-
-
-def change_cell(change: PairedChange, *, with_n: bool = False) -> str:
-    """Median paired change with its interval, or the reason there is none. Where censored
-    blocks (stopped at the wall limit) can move the median, the bound they leave is printed
-    instead, with their count; an interval's end they leave open is written in words."""
-    if change.n == 0:
-        return "no paired blocks (n=0)"
-    n = f" (n={change.n})" if with_n else ""
-    interval = interval_text(change)
-    if interval is None:
-        return (f"{median_text(change)} (n={change.n}: no interval below "
-                f"{MIN_BLOCKS_FOR_MEDIAN_INTERVAL} blocks; [min, max] covers the median "
-                f"{change.widest_coverage:.1%} only)")
-    return f"{median_text(change)} {interval}{n}"
 
 
 def interval_line(analysis: RunAnalysis) -> str:

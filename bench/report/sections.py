@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from compaction_bench.bench.analysis.paired import RunAnalysis
 from compaction_bench.bench.analysis.power import MAX_BLOCKS, Sensitivity
 from compaction_bench.bench.analysis.stats import Distribution
-from compaction_bench.bench.report.changes import interval_text, median_text
+from compaction_bench.bench.report.changes import interval_text, median_text, time_effect
 from compaction_bench.bench.report.document import Bullets, Image, Paragraph, Section, Table
 from compaction_bench.common.markdown import MISSING, number, percent
 from compaction_bench.loadgen.merge import pending_remote
@@ -155,17 +155,21 @@ def serving_sections(analysis: RunAnalysis, images: Mapping[str, bytes | None]) 
         if images.get("latency_cdfs"):
             latency.add(Image("latency_cdfs.png", images["latency_cdfs"] or b"",
                               "Latency CDFs per regime and source (log scale)."))
-    cache = Section("Prefix cache")
+    cache = Section("Prefix cache")  # each hit rate beside the time effect of its arm
     rated = [c for c in analysis.cache if c.n_requests]
     if not rated:
         cache.add(Paragraph("No per-request cached/prompt token counts: cache hit rate not "
                             "available for this run."))
     else:
         cache.add(Table(
-            ("Regime", "Source", "Hit rate", "Cached / prompt tokens", "Requests"),
+            ("Regime", "Source", "Hit rate", "Cached / prompt tokens", "Requests",
+             "Postfork time: change vs clean [95% CI]"),
             tuple((c.regime, c.source, percent(c.hit_rate, 1, fraction=True),
-                   f"{c.cached_tokens} / {c.prompt_tokens}", str(c.n_requests)) for c in rated),
-            "Sum of cached tokens over sum of prompt tokens."))
+                   f"{c.cached_tokens} / {c.prompt_tokens}", str(c.n_requests),
+                   time_effect(analysis, c.regime, c.source)) for c in rated),
+            "Sum of cached tokens over sum of prompt tokens, beside the time effect measured in "
+            "the same blocks: a hit rate is not a speedup (a high one can come with a small "
+            "or no saving), so it is never shown alone."))
         if images.get("cache_rates"):
             cache.add(Image("cache_rates.png", images["cache_rates"] or b"",
                             "Prefix-cache hit rate per source."))

@@ -17,7 +17,7 @@ from compaction_bench.bench.analysis.stats import (
     order_coverage,
     paired_change,
 )
-from compaction_bench.bench.report.run_report import change_cell
+from compaction_bench.bench.report.changes import change_cell
 from compaction_bench.bench.runfolder import ArmRecord, read_run
 
 TRUE_CHANGE = -25.0  # ratio 0.75 with symmetric log-noise: the median paired change is -25%

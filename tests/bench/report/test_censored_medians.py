@@ -12,10 +12,11 @@ import numpy as np
 from compaction_bench.bench.analysis.paired import analyze
 from compaction_bench.bench.analysis.stats import paired_change
 from compaction_bench.bench.analysis.summary import build_summary
+from compaction_bench.bench.report.changes import change_cell
 from compaction_bench.bench.report.compare import comparison_document
 from compaction_bench.bench.report.document import to_html, to_markdown
 from compaction_bench.bench.report.routing import routing_document
-from compaction_bench.bench.report.run_report import build_document, change_cell, pct
+from compaction_bench.bench.report.run_report import build_document, pct
 from compaction_bench.bench.runfolder import CENSORED, ArmRecord, BlockRecord, RunRecords
 
 N, TRUE_PCT = 25, -18.0

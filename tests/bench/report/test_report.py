@@ -32,6 +32,23 @@ def test_report_writes_markdown_html_and_images(reported_run: Path) -> None:
         assert f"## {heading}" in markdown
 
 
+def test_every_cache_hit_rate_stands_beside_its_time_effect(reported_run: Path) -> None:
+    # issue 33: a hit rate is not a speedup (a 94.59% prefix-cache hit rate gave +5.7-6.2%
+    # throughput in vLLM docs PR #53395), so the table shows the time effect beside it
+    summary = json.loads((reported_run / "summary.json").read_text())
+    markdown = (reported_run / "report.md").read_text()
+    section = markdown.split("## Prefix cache", 1)[1].split("\n## ", 1)[0]
+    cells = [[c.strip() for c in line.strip().strip("|").split("|")]
+             for line in section.splitlines() if line.lstrip().startswith("|")]
+    header = next(row for row in cells if row[0] == "Regime" and "Hit rate" in row)
+    assert header[-1] == "Postfork time: change vs clean [95% CI]", header
+    external = next(row for row in cells if row[:2] == ["dedicated", "external"])
+    median = summary["regimes"]["dedicated"]["arms"]["external"]["paired_median_change_pct"]
+    assert f"{median:+.2f}%" in external[-1] and "(n=6)" in external[-1], external
+    clean = next(row for row in cells if row[:2] == ["dedicated", "clean"])
+    assert clean[-1].startswith("reference: clean median"), clean
+
+
 def test_summary_json_schema(reported_run: Path) -> None:
     summary = json.loads((reported_run / "summary.json").read_text())
     assert summary["schema_version"] == 3

@@ -22,6 +22,7 @@ from compaction_bench.common.options import (
 )
 from compaction_bench.common.paths import run_state_dir
 from compaction_bench.serve.command import profile_env, redacted
+from compaction_bench.serve.engines.vllm import cpu_dtype
 from compaction_bench.serve.launcher import (
     Server,
     ServerConfig,
@@ -271,6 +272,9 @@ def show(profile: str = "auto", *, port: int = DEFAULT_PORT, host: str = "127.0.
                      if revision else "#   checkpoint: NOT pinned: vLLM loads whatever the local "
                      "cache's main points at (the run's manifest records that commit); pin "
                      "model.revision in the profile")
+    dtype_note = cpu_dtype(p)[1] if p.server_name == "vllm" else None
+    if dtype_note:
+        lines.append(f"# {dtype_note}")
     lines += [
         f"# vLLM: minimum {p.vllm.minimum} ({p.vllm.minimum_reason})",
         f"#       pinned {p.vllm.pinned} ({p.vllm.pinned_reason})",

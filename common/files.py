@@ -232,7 +232,8 @@ def walk(root: str | Path) -> Iterator[tuple[str, list[str], list[str]]]:
     stack = [os.fspath(root)]
     while stack:
         folder = stack.pop()
-        dirs, names = [], []
+        dirs: list[str] = []
+        names: list[str] = []
         with os.scandir(folder) as entries:
             for entry in entries:
                 (dirs if entry.is_dir(follow_symlinks=False) else names).append(entry.name)

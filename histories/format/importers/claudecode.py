@@ -107,7 +107,7 @@ def claude_code_from_data(records: Any, path: str | Path, *, task: str | None = 
     redacted = 0
     meta: dict[str, Any] = {}
     uuids = {r.get("uuid") for r in records}
-    first = next((r for r in records if "uuid" in r), {})
+    first: dict[str, Any] = next((r for r in records if "uuid" in r), {})
     if first.get("parentUuid") is not None and first.get("parentUuid") not in uuids:
         # a log that continues another (a resumed session, or a checkpoint tool's slice of one):
         # its first turn's parent is not here, so the context started before this file

@@ -37,7 +37,7 @@ def test_every_cache_hit_rate_stands_beside_its_time_effect(reported_run: Path) 
     # throughput in vLLM docs PR #53395), so the table shows the time effect beside it
     summary = json.loads((reported_run / "summary.json").read_text())
     markdown = (reported_run / "report.md").read_text()
-    section = markdown.split("## Prefix cache", 1)[1].split("\n## ", 1)[0]
+    section = markdown.split("\n## Prefix cache\n", 1)[1].split("\n## ", 1)[0]
     cells = [[c.strip() for c in line.strip().strip("|").split("|")]
              for line in section.splitlines() if line.lstrip().startswith("|")]
     header = next(row for row in cells if row[0] == "Regime" and "Hit rate" in row)

@@ -241,3 +241,24 @@ def walk(root: str | Path) -> Iterator[tuple[str, list[str], list[str]]]:
         names.sort()
         yield folder, dirs, names
         stack.extend(os.path.join(folder, d) for d in reversed(dirs))
+
+
+def remove_tree(root: str | Path) -> None:
+    """`shutil.rmtree(root, ignore_errors=True)` at any depth (shutil's recursion stops near
+    1,000 levels with a RecursionError, which ignore_errors does not catch): files and links
+    first, then folders deepest first; what cannot be removed is left."""
+    if not os.path.lexists(root):
+        return
+    if os.path.islink(root) or not os.path.isdir(root):
+        with contextlib.suppress(OSError):
+            os.unlink(root)
+        return
+    folders = []
+    for folder, _dirs, names in walk(root):
+        folders.append(folder)
+        for name in names:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(folder, name))
+    for folder in reversed(folders):
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)

@@ -112,9 +112,9 @@ class Server:
     def start(self, *, echo: bool = False) -> None:
         """Spawn the server; with `echo`, copy its log to this terminal as well."""
         note = check_engine(self.config.profile)
+        check_port(self.config.host, self.config.port)  # a refusal stays the one line it is
         if note:
             print(note, file=sys.stderr, flush=True)
-        check_port(self.config.host, self.config.port)
         model = "fake" if self.config.profile.engine == "fake" else resolve_model(
             self.config.model or self.config.profile.model.source, python=self.config.python,
             revision=None if self.config.model else self.config.profile.model.revision)

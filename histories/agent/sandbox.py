@@ -47,6 +47,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from compaction_bench.common.errors import SuiteError
+from compaction_bench.common.files import remove_tree, walk
 from compaction_bench.histories.agent.seccomp import describe as describe_seccomp
 from compaction_bench.histories.agent.seccomp import filter_program
 from compaction_bench.histories.agent.streams import SandboxResult, collect
@@ -187,7 +188,7 @@ def _probe(candidate: Confinement) -> Confinement | None:
     except SandboxUnavailable:
         return None
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        remove_tree(folder)
 
 
 @functools.cache
@@ -251,9 +252,10 @@ class Sandbox:
                     "temp folder)")
             self.uid = PROBE_UID if probe else UID_BASE + (
                 os.getpid() * 97 + next(_uids)) % UID_COUNT
-            for path in [self.workspace, *self.workspace.rglob("*")]:
-                with contextlib.suppress(OSError):
-                    os.lchown(path, self.uid, self.uid)
+            for folder, dirs, names in walk(self.workspace):  # any depth, links not followed
+                for name in [".", *dirs, *names]:
+                    with contextlib.suppress(OSError):
+                        os.lchown(os.path.join(folder, name), self.uid, self.uid)
         self._process_budget = self.limits.processes
         if self.uid is None:  # a user's own processes count against the same limit
             self._process_budget += _own_processes()

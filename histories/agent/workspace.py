@@ -23,6 +23,7 @@ from typing import Any
 
 from minisweagent.environments.local import LocalEnvironment, LocalEnvironmentConfig
 
+from compaction_bench.common.files import remove_tree
 from compaction_bench.histories.agent.capture import Snapshots
 from compaction_bench.histories.agent.sandbox import Sandbox, SandboxLimits
 from compaction_bench.histories.agent.totals import mount_workspace, unmount_workspace
@@ -135,7 +136,7 @@ class Workspace:
     def _remove(self, folder: Path) -> None:
         if self._mounted.pop(folder, "not mounted") is None:
             unmount_workspace(folder)
-        shutil.rmtree(folder, ignore_errors=True)
+        remove_tree(folder)
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:

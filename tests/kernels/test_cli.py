@@ -67,7 +67,7 @@ def test_check_of_a_missing_file_is_one_line() -> None:
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         "error: /nonexistent/results.json: no such results file (make kernels writes them "
-        f"to {REPO / 'kernels' / 'results'})"]
+        f"to {REPO / 'data' / 'kernels'})"]
 
 
 @pytest.mark.e2e

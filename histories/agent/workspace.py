@@ -170,7 +170,9 @@ class Workspace:
                               + "; the task's tests would not test the task's code")
         folder = self._folder(f"compbench-{self.task.id}-validate-")
         command = self.task.spec.validation
-        canary = Canary.draw() if UNITTEST.search(command) else None
+        judged = UNITTEST.search(command) is not None
+        # the canary is a module named on the command line: `discover` takes no module names
+        canary = Canary.draw() if judged and "discover" not in command.split() else None
         try:
             validation_copy(self.path, self.task.workspace, folder)
             if canary is not None:
@@ -189,7 +191,7 @@ class Workspace:
         tail = got.output[-VALIDATION_TAIL_CHARS:]
         if got.timed_out:
             return Validation(False, -1, f"validation timed out after {timeout} s: {tail}")
-        if canary is None:
+        if not judged:
             return Validation(got.returncode == 0, got.returncode, tail)
         # judged on unittest's own report, the canary's failures included: an exit code alone
         # is set by os._exit or an atexit hook, and a disabled assertion passes every test

@@ -252,8 +252,10 @@ class Sandbox:
                     "temp folder)")
             self.uid = PROBE_UID if probe else UID_BASE + (
                 os.getpid() * 97 + next(_uids)) % UID_COUNT
+            with contextlib.suppress(OSError):
+                os.lchown(self.workspace, self.uid, self.uid)
             for folder, dirs, names in walk(self.workspace):  # any depth, links not followed
-                for name in [".", *dirs, *names]:
+                for name in [*dirs, *names]:  # each entry once, as its folder lists it
                     with contextlib.suppress(OSError):
                         os.lchown(os.path.join(folder, name), self.uid, self.uid)
         self._process_budget = self.limits.processes

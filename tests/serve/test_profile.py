@@ -148,7 +148,7 @@ CUDA_PROFILES = [n for n in known_profiles() if load_profile(n).engine == "cuda"
 
 
 def test_every_gpu_profile_pins_vllm_with_reasons_and_cites_its_recipe() -> None:
-    assert len(CUDA_PROFILES) == 5
+    assert len(CUDA_PROFILES) == 6
     for name in CUDA_PROFILES:
         p = load_profile(name)
         assert p.vllm.pinned == "0.33.0", name

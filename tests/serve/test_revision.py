@@ -89,7 +89,9 @@ def test_a_revision_that_pins_nothing_is_refused(tmp_path: Path, extra: str, sou
 
 def test_shipped_pins_are_commits_of_hub_ids() -> None:
     pinned = {name: load_profile(name).model for name in (
-        "b300-deepseek-v4-flash-0731", "h200x2-deepseek-v4-flash", "h200-gpt-oss-120b")}
+        "b300-deepseek-v4-flash-0731", "h200x2-deepseek-v4-flash", "h200-gpt-oss-120b",
+        "b300-deepseek-v4-flash-nvfp4", "h100-qwen3-30b-a3b-thinking",
+        "h200x2-deepseek-v4-flash-0731")}
     for name, model in pinned.items():
         assert model.revision is not None and len(model.revision) == 40, name
         assert model.revision_source, name  # where the pin was read

@@ -98,6 +98,7 @@ class ArmRecord:
     rewrite_requests: int | None = None  # compressor requests during the continuation
     rewrite_cache_hits: int | None = None
     rewrite_prompt_tokens: int | None = None
+    rewrite_cached_tokens: int | None = None  # of them from the prefix cache (self-inline)
     rewrite_completion_tokens: int | None = None
     rewrite_failed_blocks: int | None = None
     fork_rewrite_s: float | None = None  # the one-time compaction of the fork prefix (T_R)

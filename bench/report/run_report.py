@@ -37,6 +37,7 @@ from compaction_bench.bench.report.changes import (
     change_cell,
     medians_text,
 )
+from compaction_bench.bench.report.compaction_cost import compaction_cost_section
 from compaction_bench.bench.report.document import (
     Bullets,
     Document,
@@ -62,6 +63,7 @@ from compaction_bench.bench.runfolder import REFERENCE_ARM, RunRecords, read_run
 from compaction_bench.common.files import write_bytes_atomic, write_json_atomic, write_text_atomic
 from compaction_bench.common.markdown import MISSING, percent
 from compaction_bench.common.resampling import CONFIDENCE
+from compaction_bench.histories.policies.registry import RECORDED_ARM
 
 Metric = Callable[[ArmComparison], PairedChange]
 POSTFORK: Metric = lambda a: a.postfork  # noqa: E731
@@ -138,12 +140,17 @@ def _label(comparison: Comparison) -> str:
 
 
 IDENTICAL = "identical to clean: nothing was compacted"
+# the `recorded` arm of a log imported with its compaction, against clean with it undone; both
+# continue with the log's turns after it, so its change is the history's alone
+AGENTS_OWN = "the agent's own compaction, against clean with it undone; the log's turns after it"
 
 
 def arm_label(analysis: RunAnalysis, arm: str) -> str:
     """An arm's name in a table, marked where its first request equalled clean's in every
     block: its 'change' is then noise, and every table says so."""
-    return f"{arm} ({IDENTICAL})" if arm in identical_arms(analysis.records.arms) else arm
+    if arm in identical_arms(analysis.records.arms):
+        return f"{arm} ({IDENTICAL})"
+    return f"{arm} ({AGENTS_OWN})" if arm == RECORDED_ARM else arm
 
 
 def comparison_table(
@@ -341,7 +348,8 @@ def build_document(analysis: RunAnalysis, images: Mapping[str, bytes | None]) ->
             analysis, comparisons, POSTFORK, caption)),
         *repeat_sections(analysis),
         *(replay_sections(replay, analysis.arms) if replay else ()),
-        sensitivity, failures, rewrite, tokens, *policy_sections(analysis),
+        sensitivity, failures, rewrite, *compaction_cost_section(analysis), tokens,
+        *policy_sections(analysis),
         per_block, *trust_sections(analysis), *serving_sections(analysis, images),
         *replica_sections(analysis), *spec_sections(analysis),
     ))

@@ -24,6 +24,7 @@ from compaction_bench.histories.agent.continuation import continue_history
 from compaction_bench.histories.agent.sandbox import confinement
 from compaction_bench.histories.agent.workspace import workspace_limits
 from compaction_bench.histories.policies.base import HistoryPolicy
+from compaction_bench.histories.policies.registry import RECORDED_ARM
 from compaction_bench.histories.tasks.task import Task, load_task
 from compaction_bench.serve.profile import Profile
 
@@ -65,6 +66,10 @@ class AgentKind:
         if bad := [a for a in arms if a in REPLAY_ONLY_ARMS]:
             raise BenchError(f"arm {bad[0]} exists only for replay (source=replay): its "
                              "history-only continuation reuses clean's recorded turns")
+        if RECORDED_ARM in arms:
+            raise BenchError(f"arm {RECORDED_ARM} is the agent's own compaction as its log "
+                             "recorded it, and replays the log's turns: run it with "
+                             "source=replay records=<the folder of the imported pair>")
 
     def blocks(self, regime: str, profile: Profile) -> int:
         return DEFAULT_BLOCKS[profile.engine][regime]

@@ -20,6 +20,11 @@ from compaction_bench.histories.format.history import History
 from compaction_bench.histories.format.invariant import InvariantError, compare_bodies
 from compaction_bench.histories.policies.base import CleanPolicy, HistoryPolicy
 from compaction_bench.histories.policies.compacting import policy_for
+from compaction_bench.histories.policies.inline import (
+    InlineCompaction,
+    check_replaced,
+    check_tail,
+)
 from compaction_bench.histories.policies.registry import ArmSpec, parse_arm
 from compaction_bench.histories.tasks.task import Task
 from compaction_bench.loadgen.replay import ReplayPlan, ReplaySettings, first_body
@@ -96,6 +101,8 @@ def arm_for(name: str, history: History, *, compressors: Mapping[str, Compressor
     spec = parse_arm(name)
     if spec.kind == "reference":
         return Arm(name=name, history=history, new_policy=lambda _: CleanPolicy())
+    if spec.kind == "inline":
+        return _inline_arm(name, history)
     if spec.kind != "compaction":
         return _stepwise_arm(spec, history)
     assert spec.compressor is not None
@@ -113,6 +120,20 @@ def arm_for(name: str, history: History, *, compressors: Mapping[str, Compressor
 
     return Arm(name=name, history=history, new_policy=new_policy,
                fork_rewrite=fork_rewrite_cost(history))
+
+
+def _inline_arm(name: str, history: History) -> Arm:
+    """`self-inline`: clean's own history, compacted in context once at the fork by the target
+    itself (histories/policies/inline.py); its compaction request is its whole rewrite cost."""
+    if history.arm != "clean" or history.fork is None:
+        raise ArmError(f"arm {name} continues clean's history (task {history.task}), not "
+                       f"{history.arm!r}, and needs its fork")
+    fork = history.fork.message_index
+
+    def new_policy(context: AttemptContext) -> HistoryPolicy:
+        return InlineCompaction(name=name, fork_index=fork, on_record=context.on_record)
+
+    return Arm(name=name, history=history, new_policy=new_policy)
 
 
 def _stepwise_arm(spec: ArmSpec, history: History) -> Arm:
@@ -146,6 +167,9 @@ class WireCheck:
     sha256: str
     report: dict[str, Any]
     error: str | None
+    # a check of the first body really sent, where it could not be known before the run (an
+    # in-context compaction's summary): the error, or None
+    after: Callable[[bytes], str | None] | None = None
 
 
 def check_on_the_wire(arm: Arm, arm_config: ChatModelConfig, clean: Arm,
@@ -158,6 +182,8 @@ def check_on_the_wire(arm: Arm, arm_config: ChatModelConfig, clean: Arm,
     sent_clean = first_request(clean.history, clean_config, task=task,
                                policy=clean.new_policy(context))
     body_arm, body_clean = json.loads(sent_arm.body), json.loads(sent_clean.body)
+    if parse_arm(arm.name).kind == "inline":
+        return _inline_check(arm, body_arm, body_clean, sent_clean.body_sha256)
     factors = sorted(k for k in FACTOR_FIELDS if body_arm.get(k) != body_clean.get(k))
     for key in factors:
         body_arm.pop(key, None)
@@ -181,6 +207,33 @@ def check_on_the_wire(arm: Arm, arm_config: ChatModelConfig, clean: Arm,
         "identical": not checked.reasoning_fields}, None)
 
 
+def _inline_check(arm: Arm, body_arm: dict[str, Any], body_clean: dict[str, Any],
+                  clean_sha256: str) -> WireCheck:
+    """An in-context compaction's invariant (`check_replaced`): before the block, on its first
+    request with the summary's place held; after the run, on the request it really sent."""
+    assert arm.history.fork is not None
+    fork = arm.history.fork.message_index
+
+    def check(body: dict[str, Any]) -> dict[str, Any]:
+        return check_replaced(body_clean, body, arm_name=arm.name, fork_index=fork,
+                              ignore=FACTOR_FIELDS)
+
+    def after(sent: bytes) -> str | None:
+        try:
+            check(json.loads(sent))
+        except InvariantError as exc:
+            return f"InvariantError: the first request sent: {exc}"
+        return None
+
+    report: dict[str, Any] = {"clean_sha256": clean_sha256, "in_context_compaction": True}
+    try:
+        report.update(check(body_arm))
+    except InvariantError as exc:
+        return WireCheck("", {**report, "passed": False}, f"InvariantError: {exc}")
+    report.pop("summary_chars", None)  # the placeholder's, not a summary's
+    return WireCheck("", report, None, after=after)
+
+
 def check_replay_on_the_wire(arm: Arm, arm_settings: ReplaySettings, clean: Arm,
                              clean_settings: ReplaySettings, context: AttemptContext
                              ) -> WireCheck:
@@ -202,6 +255,12 @@ def check_replay_on_the_wire(arm: Arm, arm_settings: ReplaySettings, clean: Arm,
     arm_sha = hashlib.sha256(sent_arm).hexdigest()
     report: dict[str, Any] = {"clean_sha256": hashlib.sha256(sent_clean).hexdigest(),
                               "arm_sha256": arm_sha, "factor_fields": factors}
+    if parse_arm(arm.name).kind == "recorded":
+        try:
+            found = check_tail(body_clean, body_arm, arm_name=arm.name)
+        except InvariantError as exc:
+            return WireCheck(arm_sha, {**report, "passed": False}, f"InvariantError: {exc}")
+        return WireCheck(arm_sha, {**report, **found, "agents_own_compaction": True}, None)
     try:
         fields = compare_wire(body_clean, body_arm, arm_name=arm.name, source=context.record)
     except InvariantError as exc:

@@ -142,6 +142,12 @@ def protocol_error(arm: Arm, result: Result, wire: WireCheck, policy: HistoryPol
             result.first_body).hexdigest() != wire.sha256:
         return ("InvariantError: the first request sent differs from the one checked before the "
                 "block (the invariant was checked on another body)"), "invariant"
+    if wire.after is not None:
+        if result.first_body is None:
+            return ("InvariantError: no first request was sent, so the in-context compaction's "
+                    "invariant could not be checked on it"), "invariant"
+        if failed := wire.after(result.first_body):
+            return failed, "invariant"
     not_applied = getattr(policy, "not_applied", None)
     reason = not_applied() if callable(not_applied) else None
     if reason:
@@ -175,6 +181,13 @@ def arm_record(arm: Arm, result: Result, *, policy: HistoryPolicy, wire: WireChe
     first = result.requests[0] if result.requests else None
     compactions = list(getattr(policy, "results", []))
     requests = [c for c in compactions if c.drafts]
+    own = getattr(policy, "rewrite_record", None)  # a policy that records its own requests
+    rewrite = own() if callable(own) else {
+        "rewrite_requests": sum(c.drafts for c in requests) if compactions else 0,
+        "rewrite_cache_hits": sum(c.cache_hit for c in compactions),
+        "rewrite_prompt_tokens": _sum([c.prompt_tokens for c in requests]),
+        "rewrite_completion_tokens": _sum([c.completion_tokens for c in requests]),
+        "rewrite_failed_blocks": sum(c.outcome == "failed" for c in compactions)}
     return ArmRecord(
         regime=regime, block=block, arm=arm.name, attempt=attempt,
         status="failed" if error else "complete", postfork_s=result.postfork_s, error=error,
@@ -195,12 +208,7 @@ def arm_record(arm: Arm, result: Result, *, policy: HistoryPolicy, wire: WireChe
         helper_wait_s=result.helper_wait_s or None,
         error_phase=phase, protocol=settings.protocol, format_errors=result.format_errors,
         reasoning_source=result.reasoning_source,
-        rewrite_requests=sum(c.drafts for c in requests) if compactions else 0,
-        rewrite_cache_hits=sum(c.cache_hit for c in compactions),
-        rewrite_prompt_tokens=_sum([c.prompt_tokens for c in requests]),
-        rewrite_completion_tokens=_sum([c.completion_tokens for c in requests]),
-        rewrite_failed_blocks=sum(c.outcome == "failed" for c in compactions),
-        invariant=dict(wire.report), **dict(arm.fork_rewrite),
+        **rewrite, invariant=dict(wire.report), **dict(arm.fork_rewrite),
         **_source_fields(settings.source.name, arm, result))
 
 

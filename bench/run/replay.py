@@ -152,6 +152,11 @@ def _plan(spec: ArmSpec, source: Recording) -> ReplayPlan:
             raise BenchError(f"replay source {source.folder}: external-history needs "
                              "external.json (the compacted history); drop the arm or import it")
         return history_only_plan(source.histories["external"], clean, source.name, spec.name)
+    if spec.kind == "recorded" and spec.name not in source.histories:
+        raise BenchError(f"replay source {source.folder}: no {spec.name}.json, the agent's own "
+                         "compaction: import a log that records one (`compaction-bench "
+                         "histories import <log> <folder>/clean.json` writes recorded.json "
+                         "beside it), or drop the arm")
     if spec.name in source.histories:  # the source recorded this arm's own continuation
         return recorded_plan(source.histories[spec.name], source.name, spec.name)
     return history_only_plan(clean, clean, source.name, spec.name)

@@ -30,6 +30,7 @@ from compaction_bench.bench.run.replay import (
 from compaction_bench.bench.run.source import Attempt, Opened, Result, Setup
 from compaction_bench.histories.agent.chat import ChatModelConfig
 from compaction_bench.histories.policies.base import HistoryPolicy
+from compaction_bench.histories.policies.registry import parse_arm
 from compaction_bench.loadgen.replay import ReplaySettings, describe_plan, replay
 from compaction_bench.serve.profile import Profile
 from compaction_bench.transport.wire import ReplayOptions
@@ -76,7 +77,10 @@ class ReplayKind:
     cpu_sweep: tuple[tuple[str, Any], ...] = (("arms", ("clean", "external")),)
 
     def check_arms(self, arms: tuple[str, ...]) -> None:
-        return None
+        if inline := [a for a in arms if parse_arm(a).kind == "inline"]:
+            raise BenchError(f"arm {inline[0]} compacts in context at run time, and a recording "
+                             "holds no summary to replay: run it live (source=agent) beside "
+                             "clean and self")
 
     def blocks(self, regime: str, profile: Profile) -> int:
         if profile.engine != "cuda":

@@ -21,6 +21,7 @@ from compaction_bench.bench.runfolder import (
     read_run,
 )
 from compaction_bench.common.paths import histories_root
+from compaction_bench.histories.policies.registry import parse_arm
 from compaction_bench.serve.profile import Profile
 
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
@@ -58,9 +59,13 @@ def resumed_origin(manifest: dict[str, Any], *, boot: str | None, monotonic_now:
 
 
 def history_paths(task: str, arms: tuple[str, ...]) -> dict[str, Path]:
-    """Each arm's history file; `placebo` is clean's very file under another name."""
+    """Each arm's history file; `placebo` is clean's very file under another name, and
+    `self-inline` continues clean's file too (it compacts in context, at run time)."""
     root = histories_root() / task
-    paths = {arm: root / f"{'clean' if arm == PLACEBO else arm}.json" for arm in arms}
+    def own_file(arm: str) -> bool:
+        return arm != PLACEBO and parse_arm(arm).kind != "inline"
+
+    paths = {arm: root / f"{arm if own_file(arm) else 'clean'}.json" for arm in arms}
     missing = sorted({str(p) for p in paths.values() if not p.is_file()})
     if missing:
         raise BenchError(f"missing arm histories: {', '.join(missing)}; make them with "

@@ -120,6 +120,9 @@ class ChatModel:
         self.rewrite_s = 0.0  # time spent in policy.prepare, kept apart from request time
         self.waited_s = 0.0  # waiting in policy.prepare for a compressor server to start
         self.client = StreamClient(read_timeout_s=config.request_timeout_s, clock=clock)
+        bind = getattr(policy, "bind", None)
+        if callable(bind):  # a policy that sends its own request (histories/policies/inline.py)
+            bind(self)
 
     # --- mini-swe-agent Model protocol -------------------------------------------------------
     def query(self, messages: list[dict[str, Any]], **kwargs: Any) -> dict[str, Any]:

@@ -5,6 +5,12 @@
   recorded turns and lengths, the part of the external arm's effect due to its history;
 - `external`, `self`: the study's continuous compaction by that compressor, before every request;
 - `<compressor>-every-<n>` (`self-every-3`): the same compaction run only every n turns;
+- `recorded` (replay only): the agent's own compaction as its log recorded it (a log imported
+  with its compaction: `histories/format/importers/compaction.py`), against `clean`, the same
+  log with the compaction undone; both continue with the log's turns after it;
+- `self-inline`: in-context self-compaction, as agent harnesses do it: the target model asked,
+  in the agent's own context, to summarize the history before the fork, whose summary then
+  replaces it (`histories.policies.inline`); live agents only;
 - `entropy` (ICLR), `step-entropy` (its step-only control), `delete-all-thinking`,
   `keep-latest`, `random-<r>` (`random-30`: r% of each step's reasoning tokens removed): the
   second paper's policies (`histories.policies.rules`), one `StepwisePolicy` each.
@@ -23,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from compaction_bench.common.errors import SuiteError
 from compaction_bench.common.timing import Clock, monotonic
 from compaction_bench.histories.compaction.ledger import Ledger
+from compaction_bench.histories.format.importers.compaction import RECORDED_ARM as RECORDED_ARM
 
 if TYPE_CHECKING:  # the policies import torch and transformers only where they are built
     from compaction_bench.histories.policies.scorer import ScorerConfig
@@ -30,18 +37,22 @@ if TYPE_CHECKING:  # the policies import torch and transformers only where they 
 
 REFERENCE_ARMS = ("clean", "placebo")
 HISTORY_ONLY_ARMS = ("external-history",)
+INLINE_ARMS = ("self-inline",)
 COMPRESSOR_ARMS = ("external", "self")
 RULE_ARMS = ("entropy", "step-entropy", "delete-all-thinking", "keep-latest")
 # The second paper's arms a `make histories` writes by default (random-r at the paper's 30%).
 POLICY_ARMS = (*RULE_ARMS, "random-30")
 _RANDOM = re.compile(r"^random-(\d{1,3})$")
 _EVERY = re.compile(r"^(" + "|".join(COMPRESSOR_ARMS) + r")-every-(\d{1,4})$")
-KNOWN = ("clean, placebo, external, self, external-history (replay), entropy, step-entropy, "
+KNOWN = ("clean, placebo, external, self, self-inline (in-context, live), "
+         "recorded (the agent's own compaction, replay), "
+         "external-history (replay), entropy, step-entropy, "
          "delete-all-thinking, "
          "keep-latest, random-<r> (r% of reasoning tokens, e.g. random-30), "
          "<external|self>-every-<n> (compaction every n turns, e.g. self-every-3)")
 
-Kind = Literal["reference", "history-only", "compaction", "entropy", "step-entropy",
+Kind = Literal["reference", "history-only", "compaction", "inline", "recorded", "entropy",
+               "step-entropy",
                "delete-all-thinking", "keep-latest", "random"]
 _RULE_KINDS: dict[str, Kind] = {"entropy": "entropy", "step-entropy": "step-entropy",
                                 "delete-all-thinking": "delete-all-thinking",
@@ -65,7 +76,8 @@ class ArmSpec:
     @property
     def stepwise(self) -> bool:
         """A second-paper policy (a `StepwisePolicy`), not compaction or the reference."""
-        return self.kind not in ("reference", "history-only", "compaction")
+        return self.kind not in ("reference", "history-only", "compaction", "inline",
+                                 "recorded")
 
     @property
     def needs_scorer(self) -> bool:
@@ -80,6 +92,10 @@ def parse_arm(name: str) -> ArmSpec:
         return ArmSpec(name, "history-only")
     if name in COMPRESSOR_ARMS:
         return ArmSpec(name, "compaction", compressor=name)
+    if name in INLINE_ARMS:
+        return ArmSpec(name, "inline")
+    if name == RECORDED_ARM:
+        return ArmSpec(name, "recorded")
     if name in _RULE_KINDS:
         return ArmSpec(name, _RULE_KINDS[name])
     if match := _RANDOM.match(name):

@@ -118,3 +118,29 @@ def test_overloaded_block_queues_requests(cpu_server: Server, tmp_path: Path) ->
     assert block["load"]["achieved_concurrency"] > 1 and block["load"]["max_waiting"] > 0
     assert lines(run / "load.jsonl") and all(s["running"] for s in lines(run / "load.jsonl"))
     assert json.loads((run / "manifest.json").read_text())["service_probe"]["tokens_per_s"] > 0
+
+
+def test_self_inline_runs_beside_self_and_the_report_shows_both_costs(cpu_server: Server,
+                                                                       tmp_path: Path) -> None:
+    done = run_bench(cpu_server, tmp_path, "regime=dedicated", "blocks=1",
+                     "arms=clean,self,self-inline", "run_id=inl")
+    assert done.returncode == 0, done.stdout + done.stderr
+    run = tmp_path / "inl"
+    arms = {a["arm"]: a for a in lines(run / "arms.jsonl")}
+    assert set(arms) == {"clean", "self", "self-inline"}
+    assert all(a["status"] == "complete" and a["invariant"]["passed"] for a in arms.values())
+    inline = arms["self-inline"]
+    assert inline["invariant"]["in_context_compaction"] is True
+    assert inline["invariant"]["replaced_messages"] > 0
+    assert inline["rewrite_requests"] == 1 and inline["rewrite_s"] > 0
+    assert inline["rewrite_prompt_tokens"] > 0 and inline["rewrite_cached_tokens"] is not None
+    assert inline["fork_rewrite_s"] is None  # no arm file: its one request is its T_R
+    compactions = [r for r in lines(run / "requests.jsonl")
+                   if r["source"] == "self-inline/compressor"]
+    assert len(compactions) == 1 and compactions[0]["labels"]["phase"] == "compaction"
+    assert compactions[0]["model"] == "target"  # the target's own name, not the compressor's
+    assert compactions[0]["cached_tokens"] == inline["rewrite_cached_tokens"]
+    report = (run / "report.md").read_text()
+    assert "## What compaction cost and what it found in the cache" in report
+    assert "| dedicated | self-inline | in context, one summary |" in report
+    assert "| dedicated | self | per reasoning block |" in report

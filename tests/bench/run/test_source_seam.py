@@ -103,3 +103,14 @@ def test_every_source_has_a_kind_and_an_unknown_one_is_one_line(tmp_path: Path) 
         run_bench(BenchConfig(regime="dedicated", profile="cpu-tiny", source="nope",
                               base_url="http://127.0.0.1:9/v1", results_dir=str(tmp_path)))
     assert not any(tmp_path.iterdir())
+
+
+def test_each_source_refuses_the_compaction_arm_it_cannot_run() -> None:
+    # self-inline compacts live (a recording has no summary to replay); recorded is a log's
+    # own compaction (a live agent has no log to take it from): one line each, naming the fix
+    with pytest.raises(BenchError, match="self-inline compacts in context at run time"):
+        kind_of("replay").check_arms(("clean", "self-inline"))
+    with pytest.raises(BenchError, match="source=replay records="):
+        kind_of("agent").check_arms(("clean", "recorded"))
+    kind_of("agent").check_arms(("clean", "self", "self-inline"))
+    kind_of("replay").check_arms(("clean", "recorded", "external"))

@@ -14,16 +14,9 @@ from compaction_bench.bench.report.changes import time_effect
 from compaction_bench.bench.report.document import Paragraph, Section, Table
 from compaction_bench.bench.runfolder import REFERENCE_ARM, ArmRecord
 from compaction_bench.common.markdown import MISSING
-from compaction_bench.histories.policies.registry import UnknownArmError, parse_arm
+from compaction_bench.histories.policies.registry import arm_kind
 
 KINDS = ("compaction", "inline")
-
-
-def _kind(arm: str) -> str | None:
-    try:
-        return parse_arm(arm).kind
-    except UnknownArmError:
-        return None
 
 
 def _median(values: list[float]) -> float | None:
@@ -46,7 +39,7 @@ def t_r(record: ArmRecord) -> float:
 def compaction_cost_section(analysis: RunAnalysis) -> list[Section]:
     """One row per regime and compaction arm over the primary analysis's blocks; no section
     where no compaction arm ran."""
-    arms = [a for a in analysis.arms if a != REFERENCE_ARM and _kind(a) in KINDS]
+    arms = [a for a in analysis.arms if a != REFERENCE_ARM and arm_kind(a) in KINDS]
     if not arms:
         return []
     rows = []
@@ -66,7 +59,7 @@ def compaction_cost_section(analysis: RunAnalysis) -> list[Section]:
             after = [s for r in records
                      if (s := _share(r.fork_cached_tokens, r.fork_prompt_tokens)) is not None]
             rows.append((
-                regime, arm, "in context, one summary" if _kind(arm) == "inline"
+                regime, arm, "in context, one summary" if arm_kind(arm) == "inline"
                 else "per reasoning block",
                 _cell(_median([t_r(r) for r in records]), ".1f", len(records)) + " s",
                 _cell(_median([float(r.rewrite_requests or 0) + float(

@@ -25,7 +25,7 @@ from compaction_bench.histories.policies.inline import (
     check_replaced,
     check_tail,
 )
-from compaction_bench.histories.policies.registry import ArmSpec, parse_arm
+from compaction_bench.histories.policies.registry import ArmSpec, arm_kind, parse_arm
 from compaction_bench.histories.tasks.task import Task
 from compaction_bench.loadgen.replay import ReplayPlan, ReplaySettings, first_body
 from compaction_bench.serve.engines import vllm_wire as dialect
@@ -182,7 +182,7 @@ def check_on_the_wire(arm: Arm, arm_config: ChatModelConfig, clean: Arm,
     sent_clean = first_request(clean.history, clean_config, task=task,
                                policy=clean.new_policy(context))
     body_arm, body_clean = json.loads(sent_arm.body), json.loads(sent_clean.body)
-    if parse_arm(arm.name).kind == "inline":
+    if arm_kind(arm.name) == "inline":
         return _inline_check(arm, body_arm, body_clean, sent_clean.body_sha256)
     factors = sorted(k for k in FACTOR_FIELDS if body_arm.get(k) != body_clean.get(k))
     for key in factors:
@@ -255,7 +255,7 @@ def check_replay_on_the_wire(arm: Arm, arm_settings: ReplaySettings, clean: Arm,
     arm_sha = hashlib.sha256(sent_arm).hexdigest()
     report: dict[str, Any] = {"clean_sha256": hashlib.sha256(sent_clean).hexdigest(),
                               "arm_sha256": arm_sha, "factor_fields": factors}
-    if parse_arm(arm.name).kind == "recorded":
+    if arm_kind(arm.name) == "recorded":
         try:
             found = check_tail(body_clean, body_arm, arm_name=arm.name)
         except InvariantError as exc:

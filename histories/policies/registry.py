@@ -114,6 +114,15 @@ def parse_arm(name: str) -> ArmSpec:
     raise UnknownArmError(f"unknown arm {name!r}; known arms: {KNOWN}")
 
 
+def arm_kind(name: str) -> Kind | None:
+    """The kind of an arm name, or None for a name that is no arm of the suite's (a test's
+    hand-made arm, an older run's name)."""
+    try:
+        return parse_arm(name).kind
+    except UnknownArmError:
+        return None
+
+
 def compressors_needed(names: tuple[str, ...] | list[str]) -> set[str]:
     """The compressors (`external`, `self`) some arm of `names` compacts with."""
     return {spec.compressor for spec in map(parse_arm, names) if spec.compressor}

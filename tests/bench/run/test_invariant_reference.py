@@ -73,7 +73,7 @@ def test_an_arm_alone_is_checked_against_clean_or_recorded_as_not_checked(
     assert unchecked["invariant"] == {"passed": None, "checked": False, "not_checked": NO_CLEAN}
     assert unchecked["phase"] != "invariant", unchecked["error"]
     checked = alone(2, clean)  # against clean's real history: the changed user message shows
-    assert checked["status"] == "failed" and checked["phase"] == "invariant"
+    assert checked["status"] == "failed" and checked["phase"] == "invariant", checked["error"]
     invariant = checked["invariant"]
     assert isinstance(invariant, dict) and invariant["passed"] is False
     assert invariant["clean_sha256"] != invariant["arm_sha256"]

@@ -27,8 +27,8 @@ def _share(part: int | None, whole: int | None) -> float | None:
     return None if part is None or not whole else part / whole
 
 
-def _cell(value: float | None, fmt: str, n: int) -> str:
-    return MISSING if value is None else f"{format(value, fmt)} (n={n})"
+def _cell(value: float | None, fmt: str, n: int, unit: str = "") -> str:
+    return MISSING if value is None else f"{format(value, fmt)}{unit} (n={n})"
 
 
 def t_r(record: ArmRecord) -> float:
@@ -61,7 +61,7 @@ def compaction_cost_section(analysis: RunAnalysis) -> list[Section]:
             rows.append((
                 regime, arm, "in context, one summary" if arm_kind(arm) == "inline"
                 else "per reasoning block",
-                _cell(_median([t_r(r) for r in records]), ".1f", len(records)) + " s",
+                _cell(_median([t_r(r) for r in records]), ".1f", len(records), " s"),
                 _cell(_median([float(r.rewrite_requests or 0) + float(
                     r.fork_rewrite_requests or 0) for r in records]), ".0f", len(records)),
                 _cell(_median([float(r.rewrite_prompt_tokens or 0) for r in asked]), ".0f",

@@ -47,7 +47,7 @@ from compaction_bench.histories.format.history import (
 )
 from compaction_bench.histories.format.importers import import_history, write_study_histories
 from compaction_bench.histories.format.reasoning import thought_label
-from compaction_bench.histories.policies.armfile import write_arm_files
+from compaction_bench.histories.policies.armfile import rehearse, write_arm_files
 from compaction_bench.histories.policies.registry import compressors_needed, parse_arm
 from compaction_bench.histories.policies.scorer import scorer_for_profile
 from compaction_bench.histories.settings import (
@@ -337,15 +337,20 @@ def import_cmd(
                       from_env=from_env, flags=ctx.params)
     log = _given(source, "SOURCE", "histories import <log> [out.json]")
     history = import_history(log, task=c.task, fork=c.fork)
+    if history.arm == "clean" and history.fork and history.fork.pending_result is not None:
+        rehearse(history, str(log))  # never accept what the printed arms command refuses
     target = Path(paths[0]) if paths else default_target(history)
     save_history(history, target)
     typer.echo(f"wrote {target}")
     pair = history.provenance.get("recorded_pair")
-    if isinstance(pair, dict) and target.name == "clean.json":
+    boundary = (history.provenance.get("compactions") or [{}])[-1]
+    if isinstance(pair, dict) and target.name == "clean.json" and "unreadable" in boundary:
+        typer.echo(f"no recorded.json: the agent's own compaction at line {boundary['line']} "
+                   f"cannot be a recorded arm ({boundary['unreadable']})")
+    elif isinstance(pair, dict) and target.name == "clean.json":
         # the agent's own compaction: its summary and the turns after it, beside the clean arm
         recorded = import_history(log, task=c.task, fork=c.fork, arm="recorded")
         save_history(recorded, target.parent / "recorded.json")
-        boundary = history.provenance["compactions"][-1]
         typer.echo(f"wrote {target.parent / 'recorded.json'}: the agent's own compaction "
                    f"({boundary['trigger']}, {boundary['tokens_before']} tokens before, line "
                    f"{boundary['line']}): its summary in place of the "

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from compaction_bench.common.timing import Clock, monotonic
+from compaction_bench.histories.format.freeform import count_freeform
 from compaction_bench.histories.format.history import History, HistoryError
 from compaction_bench.histories.policies.base import HistoryPolicy
 from compaction_bench.loadgen.schedule import wire_messages
@@ -77,6 +78,8 @@ class ReplayPlan:
     tools: list[dict[str, Any]] | None
     model: str | None  # the recorded model
     recorded_by: str | None  # where it was recorded (provider or hardware), when known
+    # freeform (custom) tool calls the turns send, as function calls (histories/format/freeform.py)
+    freeform_tool_calls: int = 0
 
     @property
     def recorded_completion_tokens(self) -> int:
@@ -136,6 +139,11 @@ def _turns(full: list[dict[str, Any]], positions: list[int],
     return tuple(turns)
 
 
+def _freeform(turns: tuple[ReplayTurn, ...]) -> int:
+    """The freeform calls the turns send: every one is in the last turn's messages."""
+    return count_freeform(turns[-1].history) if turns else 0
+
+
 def _recorded_by(history: History) -> str | None:
     study = history.provenance.get("study") or {}
     model = study.get("model") if isinstance(study, dict) else None
@@ -152,10 +160,10 @@ def _recorded_by(history: History) -> str | None:
 def recorded_plan(history: History, source: str, arm: str) -> ReplayPlan:
     """An arm's own history and recorded continuation."""
     full, positions = _recorded(history, f"{source}/{history.arm}")
-    return ReplayPlan(source=source, arm=arm, continuation="recorded",
-                      turns=_turns(full, positions, None, len(history.messages)),
+    turns = _turns(full, positions, None, len(history.messages))
+    return ReplayPlan(source=source, arm=arm, continuation="recorded", turns=turns,
                       tools=history.tools, model=history.provenance.get("model"),
-                      recorded_by=_recorded_by(history))
+                      recorded_by=_recorded_by(history), freeform_tool_calls=_freeform(turns))
 
 
 def history_only_plan(history: History, reference: History, source: str, arm: str) -> ReplayPlan:
@@ -166,11 +174,10 @@ def history_only_plan(history: History, reference: History, source: str, arm: st
             history.fork.action != reference.fork.action):
         raise ReplayError(f"{source}: {history.arm} and {reference.arm} do not share the fork's "
                           "pending action, so one's history cannot take the other's continuation")
-    return ReplayPlan(source=source, arm=arm, continuation="history-only",
-                      turns=_turns(full, positions, list(history.messages),
-                                   len(reference.messages)),
+    turns = _turns(full, positions, list(history.messages), len(reference.messages))
+    return ReplayPlan(source=source, arm=arm, continuation="history-only", turns=turns,
                       tools=reference.tools, model=reference.provenance.get("model"),
-                      recorded_by=_recorded_by(reference))
+                      recorded_by=_recorded_by(reference), freeform_tool_calls=_freeform(turns))
 
 
 @dataclass(frozen=True)
@@ -344,6 +351,7 @@ def describe_plan(plan: ReplayPlan) -> dict[str, Any]:
     """The plan as the manifest keeps it: per turn the forced length and recorded figures."""
     return {"source": plan.source, "arm": plan.arm, "continuation": plan.continuation,
             "model": plan.model, "recorded_by": plan.recorded_by,
+            "freeform_tool_calls": plan.freeform_tool_calls,
             "turns": [{"completion_tokens": t.completion_tokens,
                        "recorded_prompt_tokens": t.recorded_prompt_tokens,
                        "recorded_reasoning_tokens": t.recorded_reasoning_tokens,

@@ -124,7 +124,8 @@ def _recorded_tokens(message: dict[str, Any], extra: dict[str, Any],
 
 
 def wire_messages(messages: list[dict[str, Any]], options: ReplayOptions) -> list[dict[str, Any]]:
-    """Messages as sent: `extra` dropped, reasoning and tool calls per `options`."""
+    """Messages as sent: `extra` dropped, reasoning and tool calls per `options`. Every tool call
+    goes as a function call, a freeform one too (histories/format/freeform.py says why)."""
     out: list[dict[str, Any]] = []
     for message in messages:
         role = message["role"]

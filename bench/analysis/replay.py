@@ -78,6 +78,7 @@ class SourceRow:
     blocks: int
     recorded_prompt: Mapping[str, int | None]  # arm -> first turn, as the recording counted
     served_prompt: Mapping[str, int | None]  # arm -> first turn, this server's tokenizer
+    freeform_tool_calls: int = 0  # sent as function calls (histories/format/freeform.py)
 
 
 @dataclass(frozen=True)
@@ -167,7 +168,8 @@ def analyze_replay(analysis: RunAnalysis) -> ReplayAnalysis | None:
                 r.record == source for r in b.primary.values())),
             recorded_prompt={arm: t.get("recorded_prompt_tokens") for arm, t in first.items()},
             served_prompt={arm: (counts or [None])[0]
-                           for arm, counts in (served.get(source) or {}).items()}))
+                           for arm, counts in (served.get(source) or {}).items()},
+            freeform_tool_calls=int(clean.get("freeform_tool_calls") or 0)))
     twins = [(arm[:-len(HISTORY_SUFFIX)], arm) for arm in analysis.arms
              if arm.endswith(HISTORY_SUFFIX) and arm[:-len(HISTORY_SUFFIX)] in analysis.arms]
     splits = [found for name in analysis.primary for arm, twin in twins

@@ -65,6 +65,10 @@ def replay_sections(replay: ReplayAnalysis, arms: Sequence[str]) -> list[Section
                else " (its history changed; clean's recorded turns)") for arm in arms),
         *(f"{arm}: identical to clean: nothing was compacted (its first request equals "
           "clean's, so its change is noise)" for arm in replay.identical),
+        *(f"{row.source}: {row.freeform_tool_calls} freeform (custom) tool call(s) sent as "
+          "function calls with {\"input\": <the recorded text>}, not in their recorded shape: "
+          "vLLM's chat completions take function tool calls only, so those prompt tokens are "
+          "the text as a JSON string" for row in replay.sources if row.freeform_tool_calls),
     )))
     sections = [what]
     if replay.splits:

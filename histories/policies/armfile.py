@@ -23,7 +23,9 @@ arm's file) need no file of their own and are skipped.
 Whatever the kind, a file is written only when the arm's own problems are none (no compressor
 or rule failure, no block the gate turns away) and its first postfork request differs from
 clean's only in assistant reasoning; the invariant's report is kept in the provenance. Otherwise
-the old file, if any, stays as it was. Decisions and rewrites go to the task's ledger and
+the old file, if any, stays as it was. `rehearse` runs these checks where no model is at hand
+(the import, before it prints the arms command), so an import never accepts a history whose
+arms step would write nothing. Decisions and rewrites go to the task's ledger and
 rewrite cache (`compaction/ledger.jsonl`, `compaction/cache.jsonl`), shared with acquisition
 and continuation.
 """
@@ -43,11 +45,18 @@ from compaction_bench.histories.compaction.arms import compaction_dir, compactio
 from compaction_bench.histories.compaction.compactor import CompactionCache, CompressorConfig
 from compaction_bench.histories.compaction.judge import Gate, JudgeConfig
 from compaction_bench.histories.compaction.ledger import Ledger
-from compaction_bench.histories.format.history import History, load_history, save_history
+from compaction_bench.histories.format.history import (
+    History,
+    load_history,
+    message_action,
+    save_history,
+)
+from compaction_bench.histories.format.importers.normalize import listed
 from compaction_bench.histories.format.invariant import InvariantError, InvariantReport
 from compaction_bench.histories.policies.registry import ArmSpec, parse_arm, stepwise_policy
+from compaction_bench.histories.policies.rules import DeleteRule
 from compaction_bench.histories.policies.scorer import ProxyScorer, ScorerConfig
-from compaction_bench.histories.policies.stepwise import edit_totals
+from compaction_bench.histories.policies.stepwise import StepwisePolicy, edit_totals
 
 TIMING_NOTE = ("online at the fork: each step decided once, before the request after it, from "
                "its reasoning and the history before it as already edited; never from its "
@@ -90,11 +99,7 @@ def write_arm_files(clean_path: str | Path, arms: Sequence[str], *,
     """
     clean_path = Path(clean_path)
     clean = load_history(clean_path)
-    if clean.arm != "clean":
-        raise PolicyArmError(f"{clean_path}: arms are made from the clean arm, this is "
-                             f"{clean.arm!r}")
-    if clean.fork is None or clean.fork.pending_result is None:
-        raise PolicyArmError(no_pending_result(clean, str(clean_path)))
+    check_clean(clean, str(clean_path))
     cache = CompactionCache(cache_path or compaction_dir(clean_path) / "cache.jsonl")
     ledger = Ledger(ledger_path or compaction_dir(clean_path) / "ledger.jsonl")
     out = []
@@ -142,6 +147,66 @@ def _check_and_write(clean: History, history: History, key: str, problems: list[
                          totals=history.provenance[key].get("totals") or {}, blocks=blocks)
 
 
+def check_clean(clean: History, origin: str) -> None:
+    """The arms step's refusals of a history before any arm: arms are made from the clean arm,
+    at a fork whose result was recorded (the result every arm is shown)."""
+    if clean.arm != "clean":
+        raise PolicyArmError(f"{origin}: arms are made from the clean arm, this is "
+                             f"{clean.arm!r}")
+    if clean.fork is None or clean.fork.pending_result is None:
+        raise PolicyArmError(no_pending_result(clean, origin))
+
+
+def rehearse(clean: History, origin: str) -> InvariantReport:
+    """The arms step's checks of `clean`, run without a model, a scorer or a tokenizer, and
+    without writing anything: `check_clean`, then the delete-all-thinking arm built as
+    `write_arm_files` builds it (`policy_fork`'s policy run at the fork, then the writer's
+    reasoning-only invariant), kept in memory. That arm edits every reasoning block up to and
+    including the fork's, so a turn whose edited block cannot be put back (a text turn without
+    exactly one action block) fails here as it fails for every policy arm. Raises
+    `PolicyArmError` in one line: the file, the first failing message and field, the fix."""
+    check_clean(clean, origin)
+    policy = StepwisePolicy(DeleteRule(), name="delete-all-thinking",
+                            reasoning_mode=clean.reasoning_mode, protocol=clean.action_protocol)
+    sent = _at_fork(clean, policy)
+    failed = [e for e in policy.edits if e.outcome == "failed"]
+    if failed:
+        raise PolicyArmError(_uneditable(clean, origin, failed[0].message_index,
+                                         str(failed[0].error), len(failed), len(policy.edits)))
+    arm = History(messages=sent, task=clean.task, arm=policy.name,
+                  reasoning_mode=clean.reasoning_mode, action_protocol=clean.action_protocol,
+                  fork=clean.fork, provenance=clean.provenance, tools=clean.tools)
+    try:
+        return check_reasoning_only(clean, arm)
+    except InvariantError as exc:
+        raise PolicyArmError(f"{origin}: {exc}; so `histories arms` would write no arm file: "
+                             "import the log at another fork (fork=N)") from None
+
+
+def _uneditable(clean: History, origin: str, index: int, error: str, failed: int,
+                steps: int) -> str:
+    """The refusal of a history whose reasoning a policy cannot edit in place, with its fix."""
+    field_name = "reasoning" if clean.reasoning_mode == "native" else "content"
+    before = [i for i, m in enumerate(clean.messages[:index])
+              if message_action(m, clean.action_protocol) is not None]
+    earlier = (f"import it with fork=N at an action before message {index} (turns with an "
+               f"action there: {listed(before)}), or " if before and
+               "recorded_pair" not in clean.provenance else "")
+    return (f"{origin}: message {index}: field '{field_name}': a reasoning policy cannot edit "
+            f"this turn ({error}); {failed} of the {steps} assistant turns up to the fork fail "
+            f"so, and `histories arms` would write no arm file; fix: {earlier}give every "
+            "assistant turn up to the fork exactly one action (one fenced ```bash block or one "
+            "tool call)")
+
+
+def _at_fork(clean: History, policy: StepwisePolicy) -> list[dict[str, Any]]:
+    """`clean`'s messages as `policy` sends them in the first postfork request: every step up to
+    and including the fork's turn decided once (module docstring)."""
+    assert clean.fork is not None
+    prefix = clean.messages[: clean.fork.message_index + 1]
+    return policy.prepare([*prefix, pending_observation(clean)])[: len(prefix)]
+
+
 def no_pending_result(clean: History, origin: str) -> str:
     """The refusal of a clean history whose fork has no recorded result, with its fix."""
     source = (clean.source or {}).get("path")
@@ -166,8 +231,7 @@ def policy_fork(clean: History, spec: ArmSpec, scorer: ScorerConfig, *,
                              protocol=clean.action_protocol, scorer=scorer, seed=seed,
                              ledger=ledger, clock=clock,
                              context={"task": clean.task, "arm": spec.name, "phase": "fork"})
-    prefix = clean.messages[: clean.fork.message_index + 1]
-    sent = policy.prepare([*prefix, pending_observation(clean)])[: len(prefix)]
+    sent = _at_fork(clean, policy)
     loaded = ProxyScorer.shared(scorer).describe() if spec.needs_scorer else None
     edits = [{k: v for k, v in e.to_json().items() if k != "context"} for e in policy.edits]
     history = History(

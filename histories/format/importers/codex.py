@@ -10,7 +10,9 @@ Each line is `{timestamp, type, payload}`. What the model saw and said is in the
   and content texts are the turn's `reasoning`; `encrypted_content` cannot be read and is
   counted in provenance), `function_call` / `custom_tool_call` / `local_shell_call` (tool
   calls) and their `*_output` items (tool results); other items (web searches) are counted in
-  `provenance.skipped_items`;
+  `provenance.skipped_items`. A `custom_tool_call` (freeform: raw text input, `apply_patch`) is
+  held as histories/format/freeform.py says, its id listed in its turn's
+  `extra.freeform_tool_calls`;
 - `event_msg` `token_count`: the usage of the response just finished (`last_token_usage`), kept
   on that assistant turn as `extra.usage` in OpenAI's shape, so a continuation after the fork
   carries per-turn usage (no wall times: Codex does not log a response's duration);
@@ -33,6 +35,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from compaction_bench.histories.format.freeform import FREEFORM_KEY, HELD_AS, INPUT_KEY
 from compaction_bench.histories.format.history import History, refusal
 from compaction_bench.histories.format.importers.compaction import recorded_pair
 from compaction_bench.histories.format.importers.jsonlines import line, strip_suffixes
@@ -79,7 +82,7 @@ def _call(item: dict[str, Any], origin: str, where: str) -> dict[str, Any]:
         name, arguments = item.get("name"), item.get("arguments")
         arguments = arguments if isinstance(arguments, str) else json.dumps(arguments or {})
     elif item["type"] == "custom_tool_call":
-        name, arguments = item.get("name"), json.dumps({"input": item.get("input")})
+        name, arguments = item.get("name"), json.dumps({INPUT_KEY: item.get("input")})
     else:
         name, arguments = "local_shell", json.dumps(item.get("action") or {})
     if not isinstance(name, str):
@@ -192,16 +195,16 @@ def codex_from_data(records: Any, path: str | Path, *, task: str | None = None,
                 prior = current.get("reasoning")
                 current["reasoning"] = f"{prior}\n{thought}" if prior else thought
         else:
-            current.setdefault("tool_calls", []).append(_call(payload, origin, where))
-            if kind == "custom_tool_call":
+            call = _call(payload, origin, where)
+            current.setdefault("tool_calls", []).append(call)
+            if kind == "custom_tool_call":  # its recorded shape stays known (freeform.py)
+                current["extra"].setdefault(FREEFORM_KEY, []).append(call["id"])
                 freeform += 1
     provenance = {"source_format": "codex-rollout", **meta,
                   "encrypted_reasoning_items": encrypted,
                   "user_turns_from_user_message_events": prompts,
-                  **({"freeform_tool_calls": {
-                      "count": freeform, "held_as": "function calls whose arguments are "
-                      "{\"input\": <the recorded text>}: a replay sends that shape, not the "
-                      "recorded custom call"}} if freeform else {}),
+                  **({FREEFORM_KEY: {"count": freeform, "held_as": HELD_AS}}
+                     if freeform else {}),
                   "skipped_items": dict(sorted(skipped.items())), "tools": "not in the log"}
     messages, fork = recorded_pair(segments, messages, compactions, arm or "clean", fork,
                                    origin, provenance, boundary="compacted")

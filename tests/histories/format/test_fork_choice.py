@@ -24,7 +24,7 @@ from compaction_bench.histories.format.history import (
 )
 from compaction_bench.histories.format.importers import import_history
 from compaction_bench.histories.format.importers.normalize import RAW_REASONING
-from compaction_bench.histories.policies.armfile import PolicyArmError, write_arm_files
+from compaction_bench.histories.policies.armfile import PolicyArmError, rehearse, write_arm_files
 from compaction_bench.histories.policies.registry import parse_arm
 from compaction_bench.histories.policies.scorer import ScorerConfig
 from compaction_bench.histories.policies.segments import reasoning_span
@@ -178,6 +178,73 @@ def test_arm_files_of_a_fork_without_result_are_refused_naming_the_file_and_fix(
         "--fork the import picks the last one)")
 
 
+# A chat agent that answered its user without an action, then acted in a ```bash block: read as
+# text actions (no tool call anywhere), as a Cline log whose tool_use parts were lost was read.
+TALKS_FIRST = [
+    {"role": "system", "content": "You are a coding assistant."},
+    {"role": "user", "content": "How many files are there?"},
+    {"role": "assistant", "content": "I can count them once I have looked around the folder."},
+    {"role": "user", "content": "Go ahead."},
+    {"role": "assistant", "content": "THOUGHT: count them.\n\n```bash\nls | wc -l\n```"},
+    {"role": "user", "content": "3"},
+]
+UNEDITABLE = ("message 2: field 'content': a reasoning policy cannot edit this turn (ValueError: "
+              "text-protocol message without exactly one action block); 1 of the 2 assistant "
+              "turns up to the fork fail so, and `histories arms` would write no arm file; fix: "
+              "give every assistant turn up to the fork exactly one action (one fenced ```bash "
+              "block or one tool call)")
+
+
+def test_import_refuses_a_history_that_its_printed_arms_command_would_refuse(
+        tmp_path: Path) -> None:
+    # issue 33: a Cline log passed the import, whose printed arms command then exited 1 with a
+    # ValueError per turn. The import now runs the arms step's own checks before it writes.
+    path = write(tmp_path / "chat.json", TALKS_FIRST)
+    history = import_history(path)  # a valid history: the refusal is the arms step's
+    assert history.action_protocol == "text" and history.fork is not None
+    assert history.fork.message_index == 4 and history.fork.pending_result == "3"
+    out = tmp_path / "chat" / "clean.json"
+    done = CliRunner().invoke(app, ["import", str(path), str(out)])
+    assert isinstance(done.exception, PolicyArmError) and done.exit_code != 0
+    assert str(done.exception) == f"{path}: {UNEDITABLE}" and not out.exists()
+    # the same log, answered with an action in the first turn too, imports and can be rehearsed
+    first = {"role": "assistant", "content": "THOUGHT: look first.\n\n```bash\nls\n```"}
+    acting = [*TALKS_FIRST[:2], first, *TALKS_FIRST[3:]]
+    fine = CliRunner().invoke(app, ["import", str(write(tmp_path / "acts.json", acting)),
+                                    str(out)])
+    assert fine.exit_code == 0, fine.output
+    assert "histories arms" in fine.output
+    assert rehearse(load_history(out), str(out)).passed
+
+
+@pytest.mark.parametrize("sample", sorted(p for p in SAMPLES.glob("*/*") if p.is_file()),
+                         ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_shipped_sample_imports_with_its_arms_command_or_is_refused_in_one_line(
+        tmp_path: Path, sample: Path) -> None:
+    # issue 33: a refusal comes before anything is written (the Codex sample whose compaction
+    # summary is encrypted wrote clean.json, then failed on its recorded arm)
+    out = tmp_path / "s" / "clean.json"
+    done = CliRunner().invoke(app, ["import", str(sample), str(out)])
+    if done.exit_code == 0:
+        assert "histories arms" in done.output or "no arm files" in done.output, done.output
+    else:
+        assert isinstance(done.exception, HistoryError | PolicyArmError), done.output
+        assert "\n" not in str(done.exception) and str(done.exception).startswith(str(sample))
+        assert not out.parent.exists()
+
+
+@pytest.mark.e2e  # the converted proxy model (`proxy_model`)
+@pytest.mark.usefixtures("proxy_model")
+def test_the_arms_step_fails_where_the_import_refuses_and_for_the_same_reason(
+        tmp_path: Path) -> None:
+    clean = tmp_path / "chat" / "clean.json"
+    save_history(import_history(write(tmp_path / "chat.json", TALKS_FIRST)), clean)
+    [result] = write_arm_files(clean, ["delete-all-thinking"], scorer=SCORER)
+    assert not result.written
+    assert result.problems == [
+        "message 2: ValueError: text-protocol message without exactly one action block"]
+
+
 def call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
     return {"id": call_id, "type": "function",
             "function": {"name": name, "arguments": arguments}}
@@ -258,6 +325,18 @@ def test_import_writes_the_agents_own_compaction_beside_clean(tmp_path: Path) ->
     line = next(text for text in done.output.splitlines() if "recorded.json" in text)
     assert "the agent's own compaction (auto, 155250 tokens before, line 31)" in line
     assert f"in place of the {len(clean.messages) - 1} messages clean.json keeps" in line
+
+
+def test_an_encrypted_compaction_imports_clean_and_says_why_it_has_no_recorded_arm(
+        tmp_path: Path) -> None:
+    sample = SAMPLES / "codex" / "agentv-compacted-first-window.jsonl"
+    out = tmp_path / "window" / "clean.json"
+    done = CliRunner().invoke(app, ["import", str(sample), str(out)])
+    assert done.exit_code == 0, done.output
+    assert sorted(p.name for p in out.parent.iterdir()) == ["clean.json"]
+    assert ("no recorded.json: the agent's own compaction at line 272 cannot be a recorded arm "
+            "(1 item(s) of its replacement history (the compaction summary) are encrypted)"
+            ) in done.output.splitlines()
 
 
 def test_import_says_what_reasoning_it_read_and_what_the_policies_will_edit(

@@ -14,7 +14,11 @@ from typing import Any
 
 import pytest
 
+from compaction_bench.bench.analysis.replay import ReplayAnalysis, SourceRow
+from compaction_bench.bench.report.document import Bullets
+from compaction_bench.bench.report.replay_sections import replay_sections
 from compaction_bench.common.paths import repo_root, study_root
+from compaction_bench.histories.format.freeform import freeform_ids
 from compaction_bench.histories.format.history import HistoryError, load_history
 from compaction_bench.histories.format.importers import (
     FORMATS,
@@ -23,7 +27,7 @@ from compaction_bench.histories.format.importers import (
     import_study_record,
 )
 from compaction_bench.histories.format.importers.jsonlines import read_source
-from compaction_bench.loadgen.replay import recorded_plan
+from compaction_bench.loadgen.replay import describe_plan, recorded_plan
 
 SAMPLES = Path(__file__).parent / "samples"
 OPENHANDS = SAMPLES / "openhands" / "wrong_initial_state.json"
@@ -468,11 +472,35 @@ def test_anthropic_content_parts_in_a_message_list_become_tool_calls_and_results
     assert "a content part of type 'image' cannot be imported" in refused(bad)
 
 
-def test_codex_freeform_calls_say_the_shape_a_replay_sends() -> None:
+def test_codex_freeform_calls_keep_their_recorded_shape_and_the_report_names_theirs() -> None:
     # issue 33: custom (freeform) tool calls such as apply_patch became {"input": ...} function
-    # arguments without a word; the shape a replay sends now stands in the provenance
-    lines = CODEX_PROMPTS.read_text(encoding="utf-8").count('"type":"custom_tool_call"')
+    # arguments, so a replay sent another call shape, unrecorded. Each call's turn now lists it,
+    # so the recorded call is rebuilt from the history byte for byte; the replay plan counts the
+    # calls it sends as function calls (vLLM's chat completions take no other kind) and the
+    # report says so
+    recorded = [r["payload"] for r in read_source(CODEX_PROMPTS) if r["type"] == "response_item"
+                and r["payload"].get("type") == "custom_tool_call"]
+    assert len(recorded) == 4
     history = import_history(CODEX_PROMPTS)
+    full = history.messages + history.continuation
+    rebuilt = [{"call_id": c["id"], "name": c["function"]["name"],
+                "input": json.loads(c["function"]["arguments"])["input"]}
+               for m in full for c in m.get("tool_calls") or [] if c["id"] in freeform_ids(m)]
+    assert rebuilt == [{k: p[k] for k in ("call_id", "name", "input")} for p in recorded]
     note = history.provenance["freeform_tool_calls"]
-    assert note["count"] == lines > 0 and "a replay sends that shape" in note["held_as"]
+    assert note["count"] == 4 and "a replay sends that shape" in note["held_as"]
     assert "freeform_tool_calls" not in import_history(CODEX).provenance
+    plan = recorded_plan(history, "agentv", "clean")
+    assert plan.freeform_tool_calls == describe_plan(plan)["freeform_tool_calls"] == 4
+    row = SourceRow(source="agentv", model="gpt-5.5", recorded_by=None, blocks=1,
+                    recorded_prompt={}, served_prompt={},
+                    freeform_tool_calls=plan.freeform_tool_calls)
+    replay = ReplayAnalysis(sources=(row,), skipped={}, continuation={}, forced=(), splits=(),
+                            identical=(), tool_time=None, measured_on="here", recorded={},
+                            side_by_side=True)
+    what = replay_sections(replay, ["clean"])[0]
+    said = [item for part in what.parts if isinstance(part, Bullets) for item in part.items]
+    assert [item for item in said if "freeform" in item] == [
+        'agentv: 4 freeform (custom) tool call(s) sent as function calls with {"input": <the '
+        "recorded text>}, not in their recorded shape: vLLM's chat completions take function "
+        "tool calls only, so those prompt tokens are the text as a JSON string"]

@@ -38,8 +38,9 @@ def test_lexical_diagnostics_catch_a_dropped_threshold() -> None:
 
 
 def test_frozen_prompts_are_the_study_wording() -> None:
-    assert prompt_names() == ["judge-a4", "telegraphic", "telegraphic-evidence",
-                              "telegraphic-evidence-a3"]
+    # the study's four, and the suite's own in-context compaction instruction (self-inline)
+    assert prompt_names() == ["inline-summary", "judge-a4", "telegraphic",
+                              "telegraphic-evidence", "telegraphic-evidence-a3"]
     telegraphic = load_prompt("telegraphic").text
     assert telegraphic.startswith("Rewrite an assistant reasoning scratchpad into a shorter")
     assert "predict the requested tool\u2019s result: that tool has not run yet." in telegraphic

@@ -21,8 +21,8 @@ The fork's action itself is not in what the compaction request sees: the pair is
 log's recorded pair (`histories/format/importers/compaction.py`), where the first action after
 the boundary is the fork. Recorded: the compaction request's record (source
 `<arm>/compressor` in requests.jsonl: prompt, cached and completion tokens, times) through
-`on_record`, and `compaction` (its latency, the arm's T_R, and those token counts), which the
-bench writes into the attempt's record (`rewrite_record`). The request's time falls inside
+`on_record`, and kept as `record`, whose token counts the bench writes into the attempt's record
+(`rewrite_record`). The request's time falls inside
 `prepare`, which the continuation times as rewrite time, apart from postfork time. A failed or
 empty compaction raises `InlineCompactionError`: the attempt fails with the reason, and nothing
 is sent raw in its place.
@@ -35,16 +35,14 @@ the same check.
 
 from __future__ import annotations
 
-import hashlib
 import uuid
 from typing import Any, Protocol
 
 from compaction_bench.common.errors import SuiteError
-from compaction_bench.common.timing import Clock, monotonic
 from compaction_bench.histories.compaction.endpoint import RecordSink
 from compaction_bench.histories.compaction.prompts import load_prompt
 from compaction_bench.histories.format.invariant import InvariantError
-from compaction_bench.transport.client import Response, prepare
+from compaction_bench.transport.client import RequestRecord, Response, prepare
 
 INLINE_PROMPT = "inline-summary"
 SUMMARY_HEADER = ("This session continues from an earlier part of the conversation, which was "
@@ -83,17 +81,15 @@ class InlineCompaction:
     """A `HistoryPolicy` that compacts the history before the fork's action in context, once."""
 
     def __init__(self, *, name: str, fork_index: int, max_tokens: int | None = None,
-                 on_record: RecordSink | None = None, clock: Clock = monotonic,
-                 prompt: str = INLINE_PROMPT) -> None:
+                 on_record: RecordSink | None = None, prompt: str = INLINE_PROMPT) -> None:
         self.name = name
         self.fork_index = fork_index
         self.max_tokens = max_tokens
         self.on_record = on_record
-        self.clock = clock
         self.prompt = load_prompt(prompt)
         self.model: Sender | None = None
         self.summary: str | None = None
-        self.compaction: dict[str, Any] | None = None  # what the one request measured
+        self.record: RequestRecord | None = None  # the one compaction request, as it went
         self.error: str | None = None
 
     def bind(self, model: Sender) -> None:
@@ -143,13 +139,7 @@ class InlineCompaction:
         if self.on_record is not None:
             self.on_record(record)
         summary = response.content.strip()
-        self.compaction = {
-            "latency_s": (record.end_s or record.sent_s) - record.sent_s,
-            "prompt_tokens": record.prompt_tokens, "cached_tokens": record.cached_tokens,
-            "completion_tokens": record.completion_tokens, "finish_reason": record.finish_reason,
-            "summary_chars": len(summary), "prompt": self.prompt.name,
-            "prompt_sha256": self.prompt.sha256,
-            "summary_sha256": hashlib.sha256(summary.encode()).hexdigest()}
+        self.record = record
         if not record.ok:
             self.error = f"the compaction request failed: {record.error}"
         elif not summary:
@@ -166,13 +156,13 @@ class InlineCompaction:
     def rewrite_record(self) -> dict[str, Any]:
         """The attempt record's rewrite fields: one compaction request (or none, when the
         continuation never reached its first request)."""
-        c = self.compaction
-        if c is None:
+        r = self.record
+        if r is None:
             return {"rewrite_requests": 0}
         return {"rewrite_requests": 1, "rewrite_cache_hits": 0,
-                "rewrite_prompt_tokens": c["prompt_tokens"],
-                "rewrite_cached_tokens": c["cached_tokens"],
-                "rewrite_completion_tokens": c["completion_tokens"],
+                "rewrite_prompt_tokens": r.prompt_tokens,
+                "rewrite_cached_tokens": r.cached_tokens,
+                "rewrite_completion_tokens": r.completion_tokens,
                 "rewrite_failed_blocks": int(self.error is not None)}
 
 

@@ -31,8 +31,15 @@ def _cell(value: float | None, fmt: str, n: int, unit: str = "") -> str:
     return MISSING if value is None else f"{format(value, fmt)}{unit} (n={n})"
 
 
-def t_r(record: ArmRecord) -> float:
-    """The arm's whole rewrite time: the fork prefix's, from its file, and the continuation's."""
+NOT_HERE = "not measured here (a recorded branch: its rewriting was done where it was recorded)"
+
+
+def t_r(record: ArmRecord) -> float | None:
+    """The arm's whole rewrite time: the fork prefix's, from its file, and the continuation's;
+    None for a replayed recorded branch whose file records no rewrite (the study's `external`):
+    its rewriting happened where it was recorded, and 0 would read as free."""
+    if record.fork_rewrite_s is None and record.continuation == "recorded":
+        return None
     return (record.fork_rewrite_s or 0.0) + (record.rewrite_s or 0.0)
 
 
@@ -61,7 +68,8 @@ def compaction_cost_section(analysis: RunAnalysis) -> list[Section]:
             rows.append((
                 regime, arm, "in context, one summary" if arm_kind(arm) == "inline"
                 else "per reasoning block",
-                _cell(_median([t_r(r) for r in records]), ".1f", len(records), " s"),
+                _cell(_median(known), ".1f", len(known), " s") if (known := [
+                    t for r in records if (t := t_r(r)) is not None]) else NOT_HERE,
                 _cell(_median([float(r.rewrite_requests or 0) + float(
                     r.fork_rewrite_requests or 0) for r in records]), ".0f", len(records)),
                 _cell(_median([float(r.rewrite_prompt_tokens or 0) for r in asked]), ".0f",

@@ -90,6 +90,11 @@ def test_replay_blocks_send_every_recorded_turn_at_its_recorded_length(
     assert "## Where the change comes from: history and continuation" in report
     assert "placebo (identical to clean: nothing was compacted)" in report
     assert "external (identical to clean" not in report
+    # the study's recorded branch was rewritten where it was recorded: its T_R is unknown here,
+    # not 0 s (which would read as free)
+    cost = next(line for line in report.splitlines()
+                if line.startswith("| dedicated | external | per reasoning block"))
+    assert "not measured here (a recorded branch" in cost and "0.0 s" not in cost
     assert "(= study)" in report  # the recorded figures reproduce the study's pair
 
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+import simpy
 
 from compaction_bench.kernels.resultfile import kernel_results_dir
 from compaction_bench.plan.fleetsim import Step, Trace, simulate
@@ -56,3 +59,26 @@ def test_the_cpu_cost_model_predicts_slower_agents_in_a_bigger_fleet() -> None:
     alone = simulate(costs, [trace], 1, max_num_seqs=4, samples=5)
     fleet = simulate(costs, [trace], 8, max_num_seqs=4, samples=16)
     assert float(np.median(fleet)) > 1.3 * float(np.median(alone)) > 0
+
+
+def test_a_request_arriving_during_a_prefill_joins_at_the_next_step() -> None:
+    """It arrives while another is prefilled, when no wake-up is armed: admitted at the next
+    step boundary, not held until the running request ends (which simulated a replica of two
+    agents at twice its measured time)."""
+    from compaction_bench.plan.fleetsim import ModelCosts, SimEngine
+
+    env = simpy.Environment()
+    engine = SimEngine(env, ModelCosts(FixedCosts(), slots=2, context_free=True))
+    done: dict[str, float] = {}
+
+    def send(name: str, at: float) -> Generator[simpy.Event, Any, None]:
+        yield env.timeout(at)
+        yield engine.submit(Step(0.0, 100, 0, 11))
+        done[name] = env.now
+
+    env.process(send("a", 0.0))
+    env.process(send("b", 0.1))  # inside a's prefill (0.0-0.2)
+    env.run()
+    # a: prefill to 0.2, one step to 0.3; b's prefill 0.3-0.5 stalls it; 9 steps to 1.4.
+    # b: first token at 0.5, 10 steps to 1.5 (held until a ended: 1.2 + 0.2 + 1.0 = 2.4)
+    assert done == pytest.approx({"a": 1.4, "b": 1.5})

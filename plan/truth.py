@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -367,13 +368,48 @@ def truth_markdown(config: TruthConfig, rows: list[TruthRow]) -> str:
               "-" if r.held_at_planned is None else ("yes" if r.held_at_planned else "**no**"),
               _range(r), "-" if r.planned_in_range is None else (
                   "yes" if r.planned_in_range else "**no**"),
+              _at_planned(r),
               ", ".join(f"{n}: {'miss' if v is None else f'{v:.2f}'}"
                         for n, v in r.measured.items()),
               f"{r.slo_s:.2f}"] for r in rows]
     lines += table(["policy", "replicas", "arm", "true agents", "planned agents", "error",
                     "SLO held at planned N", "truth's range", "planned in it",
+                    "quantile s at planned N, predicted / measured (error)",
                     "measured quantile s by N", "SLO s"], cells)
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + _summary(rows)
+
+
+def quantile_error_pct(row: TruthRow) -> float | None:
+    """The fleet model's quantile at the planned N against the one measured there: the
+    model's own error, which a capacity in whole agents turns into 0 or 1 agent (a flat curve
+    near the SLO makes a few percent an agent)."""
+    if not row.planned_s or not row.measured_at_planned_s:
+        return None
+    return (row.planned_s - row.measured_at_planned_s) / row.measured_at_planned_s * 100
+
+
+def _at_planned(row: TruthRow) -> str:
+    error = quantile_error_pct(row)
+    if error is None or row.planned_s is None or row.measured_at_planned_s is None:
+        return "-"
+    return f"{row.planned_s:.2f} / {row.measured_at_planned_s:.2f} ({error:+.1f}%)"
+
+
+def _summary(rows: list[TruthRow]) -> str:
+    """Counts a reader needs beside the table: the issue's bar and the quantile error."""
+    if not rows:
+        return ""
+    met = sum(within(r) for r in rows)
+    above = sum(1 for r in rows if r.error_pct is not None and r.error_pct > 0)
+    below = sum(1 for r in rows if r.error_pct is not None and r.error_pct < 0)
+    errors = [abs(e) for e in map(quantile_error_pct, rows) if e is not None]
+    out = [f"\nWithin 5% of the truth (equal where it is under 20): {met} of {len(rows)}; "
+           f"planned above it (the SLO at risk): {above}; below it (GPUs to spare): {below}."]
+    if errors:
+        out.append(f"The fleet model's quantile at the planned N against the measured: within "
+                   f"10% in {sum(e <= 10 for e in errors)} of {len(errors)}, median absolute "
+                   f"error {statistics.median(errors):.1f}%, largest {max(errors):.1f}%.")
+    return " ".join(out) + "\n"
 
 
 def _range(row: TruthRow) -> str:
@@ -388,7 +424,8 @@ def write_truth(config: TruthConfig, rows: list[TruthRow]) -> None:
         "config": json.loads(config.model_dump_json()),
         "rows": [{**asdict(r), "measured": {str(k): v for k, v in r.measured.items()},
                   "intervals": {str(k): list(v) for k, v in r.intervals.items()},
-                  "truth_range": list(r.truth_range), "planned_in_range": r.planned_in_range}
+                  "truth_range": list(r.truth_range), "planned_in_range": r.planned_in_range,
+                  "quantile_error_pct": quantile_error_pct(r)}
                  for r in rows]})
 
 

@@ -10,7 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from compaction_bench.plan.truth import TruthConfig, TruthRow, profile_text, within
+from compaction_bench.plan.truth import (
+    TruthConfig,
+    TruthRow,
+    profile_text,
+    quantile_error_pct,
+    truth_markdown,
+    within,
+)
 
 
 def test_bad_settings_are_refused_in_one_line(tmp_path: Path) -> None:
@@ -60,6 +67,20 @@ def test_the_truths_range_is_what_the_measured_intervals_can_tell_apart() -> Non
     assert row.planned_in_range is False
     row.intervals.pop(6)
     assert row.truth_range == (3, None) and row.planned_in_range  # nothing clearly over
+
+
+def test_the_table_shows_the_models_quantile_error_at_the_planned_n(tmp_path: Path) -> None:
+    exact = TruthRow("round_robin", 2, "clean", 4, 4, 0.0, True, 2.4, 2.5, 2.65, {4: 2.5})
+    above = TruthRow("cache_aware", 2, "clean", 4, 5, 25.0, False, 2.6, 2.86, 2.65, {5: 2.86})
+    unmeasured = TruthRow("round_robin", 4, "clean", None, 9, None, None, 2.6, None, 2.65, {})
+    assert quantile_error_pct(exact) == pytest.approx(-4.0)
+    assert quantile_error_pct(above) == pytest.approx(-100 * 0.26 / 2.86)
+    assert quantile_error_pct(unmeasured) is None
+    text = truth_markdown(TruthConfig(out=tmp_path), [exact, above, unmeasured])
+    assert "| 2.40 / 2.50 (-4.0%) |" in text and "| 2.60 / 2.86 (-9.1%) |" in text
+    assert ("Within 5% of the truth (equal where it is under 20): 1 of 3; planned above it "
+            "(the SLO at risk): 1; below it (GPUs to spare): 0.") in text
+    assert "within 10% in 2 of 2, median absolute error 6.5%, largest 9.1%" in text
 
 
 @pytest.mark.e2e

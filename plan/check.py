@@ -108,6 +108,9 @@ class CheckRow:
     # something the plan's replica had alone (the host's memory bandwidth, the client's CPU)
     fleet_itl_s: float | None = None
     replica_itl_s: float | None = None
+    # the plan's sweep did not measure this load per replica: replica_itl_s is interpolated
+    # linearly between the two measured levels around it (printed with ~)
+    replica_itl_interpolated: bool = False
 
 
 def fleet_of(obs: Observations, replicas: int | None = None) -> Fleet:
@@ -157,7 +160,6 @@ def _rows(plan: Plan, check: Observations, fleet: Fleet, rng: np.random.Generato
             simulated = None if predictor is None or even is None else predictor.run(
                 fleet.policy, fleet.replicas, lv.level)
             hit, hottest = _routing_measured(check, arm, lv.level, served_by)
-            alone = int(per) if per == int(per) else None
             rows.append(CheckRow(
                 run_id=check.run_id, policy=fleet.policy, replicas=fleet.replicas, arm=arm,
                 level=lv.level, per_replica=per,
@@ -172,8 +174,29 @@ def _rows(plan: Plan, check: Observations, fleet: Fleet, rng: np.random.Generato
                 predicted_hottest_share=None if simulated is None else simulated.hottest_share,
                 measured_hottest_share=hottest,
                 fleet_itl_s=median_itl(check.records.requests, arm, lv.level),
-                replica_itl_s=None if alone is None else median_itl(plan_requests, arm, alone)))
+                replica_itl_s=replica_itl(plan_requests, arm, per)[0],
+                replica_itl_interpolated=replica_itl(plan_requests, arm, per)[1]))
     return rows
+
+
+def replica_itl(requests: Any, arm: str, per: float) -> tuple[float | None, bool]:
+    """The plan's one replica's median inter-token time at `per` agents: measured where the
+    sweep has that level, else interpolated linearly between the measured levels around it
+    (True); (None, False) outside the measured levels (an inter-token time is not
+    extrapolated)."""
+    if per == int(per) and (exact := median_itl(requests, arm, int(per))) is not None:
+        return exact, False
+    levels = sorted({r.labels.get("level") for r in requests if r.source == arm
+                     and isinstance(r.labels.get("level"), int)})
+    below = [lv for lv in levels if lv < per]
+    above = [lv for lv in levels if lv > per]
+    if not below or not above:
+        return None, False
+    low, high = below[-1], above[0]
+    at_low, at_high = median_itl(requests, arm, low), median_itl(requests, arm, high)
+    if at_low is None or at_high is None:
+        return None, False
+    return at_low + (at_high - at_low) * (per - low) / (high - low), True
 
 
 def median_itl(requests: Any, arm: str, level: int) -> float | None:
@@ -330,8 +353,9 @@ def check_markdown(plan: Plan, rows: list[CheckRow]) -> str:
              f"{plan.config.target.label}; error = (predicted - measured) / measured "
              "(plan/check.py). The routing columns say what the split and the cache did, "
              "predicted against measured; ms per token compares the fleet's replicas with the "
-             "plan's one at the same agents per replica (median inter-token time): where the "
-             "error comes from.", ""]
+             "plan's one at the same agents per replica (median inter-token time; ~: "
+             "interpolated between the two measured levels around it): where the error comes "
+             "from.", ""]
     lines += [f"{note}\n" for note in plan.notes if note.startswith((SHARE_NOTE, HOST_NOTE))]
     cells = [[r.policy, str(r.replicas), r.arm, f"{r.level}{' (planned)' if r.planned else ''}",
               f"{number(r.predicted_s, 1)}{' (extrapolated)' if r.extrapolated else ''}"
@@ -349,6 +373,7 @@ def check_markdown(plan: Plan, rows: list[CheckRow]) -> str:
               f"{percent(r.predicted_hottest_share, 0, fraction=True)} / "
               f"{percent(r.measured_hottest_share, 0, fraction=True)}",
               f"{number(None if r.fleet_itl_s is None else 1000 * r.fleet_itl_s, 0)} / "
+              f"{'~' if r.replica_itl_interpolated else ''}"
               f"{number(None if r.replica_itl_s is None else 1000 * r.replica_itl_s, 0)}",
               f"{r.n} ({r.failed} failed)", r.run_id]
              for r in rows for low, high in [r.measured_ci or (None, None)]]

@@ -226,3 +226,24 @@ def test_plan_check_takes_replicas_as_a_word_a_flag_or_a_make_variable(
     refused = invoke("replicas=0")  # SettingsError: one line at the command's top (run_cli)
     assert refused.exit_code != 0 and "replicas: Input should be greater than or equal to 1" in (
         str(refused.exception))
+
+
+def test_the_one_replica_step_time_is_interpolated_between_measured_levels() -> None:
+    """A fleet of 7 on 2 replicas has 3.5 agents each; a sweep of 2 and 4 has no such level, so
+    plan-check's `ms per token` column was empty for every odd fleet. Between two measured
+    levels it is interpolated (and says so); outside them it is not extrapolated."""
+    from compaction_bench.plan.check import replica_itl
+    from compaction_bench.transport.request import RequestRecord
+
+    def record(level: int, itl_s: float) -> RequestRecord:  # 11 tokens: 10 gaps of itl_s
+        return RequestRecord(request_id=f"r{level}", sent_s=0.0, status="ok", source="clean",
+                             first_token_s=1.0, end_s=1.0 + 10 * itl_s, completion_tokens=11,
+                             labels={"level": level})
+
+    requests = [record(2, 0.080), record(4, 0.100), record(8, 0.140)]
+    assert replica_itl(requests, "clean", 4) == (pytest.approx(0.100), False)
+    assert replica_itl(requests, "clean", 3.5) == (pytest.approx(0.095), True)
+    assert replica_itl(requests, "clean", 6) == (pytest.approx(0.120), True)
+    assert replica_itl(requests, "clean", 1.5) == (None, False)  # below the lowest level
+    assert replica_itl(requests, "clean", 9) == (None, False)
+    assert replica_itl(requests, "external", 3) == (None, False)

@@ -160,6 +160,7 @@ def _rows(plan: Plan, check: Observations, fleet: Fleet, rng: np.random.Generato
             simulated = None if predictor is None or even is None else predictor.run(
                 fleet.policy, fleet.replicas, lv.level)
             hit, hottest = _routing_measured(check, arm, lv.level, served_by)
+            alone_itl, interpolated = replica_itl(plan_requests, arm, per)
             rows.append(CheckRow(
                 run_id=check.run_id, policy=fleet.policy, replicas=fleet.replicas, arm=arm,
                 level=lv.level, per_replica=per,
@@ -174,8 +175,7 @@ def _rows(plan: Plan, check: Observations, fleet: Fleet, rng: np.random.Generato
                 predicted_hottest_share=None if simulated is None else simulated.hottest_share,
                 measured_hottest_share=hottest,
                 fleet_itl_s=median_itl(check.records.requests, arm, lv.level),
-                replica_itl_s=replica_itl(plan_requests, arm, per)[0],
-                replica_itl_interpolated=replica_itl(plan_requests, arm, per)[1]))
+                replica_itl_s=alone_itl, replica_itl_interpolated=interpolated))
     return rows
 
 

@@ -14,6 +14,11 @@ apart from the patch. Nothing of the agent's runs here: its processes died with 
 (PID namespace), and no git hook or filter is configured.
 
 Left out of both trees: `.git` folders (any depth) and `__pycache__` folders.
+
+`changes(root)` lists what the patch holds path by path (git's raw diff of the two trees) and
+`contents(oids)` streams the new files' bytes from the same repository: validation builds its
+tree from the pristine task and these (`histories.tasks.validation`), byte for byte what the
+patch says, never from the workspace or by parsing the patch's text.
 """
 
 from __future__ import annotations
@@ -22,6 +27,9 @@ import os
 import stat
 import subprocess
 import tempfile
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from compaction_bench.common.errors import SuiteError
@@ -33,6 +41,17 @@ GIT_TIMEOUT_S = 120
 
 class CaptureError(SuiteError):
     """The suite's own git could not read the workspace."""
+
+
+@dataclass(frozen=True)
+class Change:
+    """One path the agent changed, from git's raw diff of the pristine tree and the workspace's."""
+
+    path: str  # relative; a name that is not UTF-8 is surrogate-escaped (os.fsdecode)
+    status: str  # A added, M modified, D deleted, T type changed (file <-> link)
+    old_mode: str  # "000000" where added
+    new_mode: str  # "000000" where deleted; 100644, 100755 or 120000 (a link)
+    new_oid: str  # the new content's blob (zeros where deleted)
 
 
 class Snapshots:
@@ -47,16 +66,23 @@ class Snapshots:
         self._git("init", "-q", "--bare", str(self.gitdir))
         self.base: str | None = None
 
-    def _git(self, *args: str, stdin: bytes | None = None, index: Path | None = None) -> bytes:
+    def _env(self, index: Path | None = None) -> dict[str, str]:
         env = {"PATH": "/usr/bin:/bin", "HOME": str(self.gitdir), "GIT_CONFIG_NOSYSTEM": "1",
                "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_ATTR_NOSYSTEM": "1",
                "GIT_DIR": str(self.gitdir), "LC_ALL": "C"}
         if index is not None:
             env["GIT_INDEX_FILE"] = str(index)
-        done = subprocess.run(["git", "-c", "core.hooksPath=/dev/null", "-c",
-                               "core.fsmonitor=false", "-c", "core.bare=true", *args],
-                              input=stdin, capture_output=True, timeout=GIT_TIMEOUT_S,
-                              cwd=self.gitdir, env=env, check=False, start_new_session=True)
+        return env
+
+    @staticmethod
+    def _argv(*args: str) -> list[str]:
+        return ["git", "-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false", "-c",
+                "core.bare=true", *args]
+
+    def _git(self, *args: str, stdin: bytes | None = None, index: Path | None = None) -> bytes:
+        done = subprocess.run(self._argv(*args), input=stdin, capture_output=True,
+                              timeout=GIT_TIMEOUT_S, cwd=self.gitdir, env=self._env(index),
+                              check=False, start_new_session=True)
         if done.returncode != 0:
             why = done.stderr.decode("utf-8", "replace").strip().splitlines()
             raise CaptureError(f"patch capture: git {args[0]} failed ({done.returncode}): "
@@ -129,3 +155,51 @@ class Snapshots:
         patch = self._git("diff-tree", "-p", "--binary", "--no-ext-diff", "--no-textconv",
                           "--no-color", "--full-index", self.base, now)
         return patch.decode("utf-8", "replace")
+
+    def changes(self, root: Path) -> list[Change]:
+        """What `diff(root)` holds, path by path (no rename detection: a rename is a deletion
+        and an addition, so each path is judged as what it is)."""
+        assert self.base is not None, "keep_base first"
+        raw = self._git("diff-tree", "-r", "-z", "--raw", "--no-renames", "--full-index",
+                        self.base, self.tree(root))
+        fields = raw.split(b"\0")
+        found = []
+        for meta, path in zip(fields[0::2], fields[1::2], strict=False):
+            if not meta.startswith(b":"):
+                continue
+            old_mode, new_mode, _old, new_oid, status = meta[1:].decode().split()
+            found.append(Change(os.fsdecode(path), status[0], old_mode, new_mode, new_oid))
+        return found
+
+    def contents(self, oids: Sequence[str]) -> Iterator[bytes]:
+        """Each blob's bytes, in order, from one `git cat-file --batch` (one file in memory at
+        a time; each is under the box's file-size limit); all of them within GIT_TIMEOUT_S."""
+        if not oids:
+            return
+        proc = subprocess.Popen(self._argv("cat-file", "--batch"), stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                cwd=self.gitdir, env=self._env(), start_new_session=True)
+        assert proc.stdin is not None and proc.stdout is not None
+        timer = threading.Timer(GIT_TIMEOUT_S, proc.kill)
+        timer.start()
+        try:
+            for oid in oids:
+                proc.stdin.write(oid.encode() + b"\n")
+                proc.stdin.flush()
+                header = proc.stdout.readline().split()
+                size = int(header[2]) if len(header) == 3 and header[1] == b"blob" else -1
+                data = proc.stdout.read(size) if size >= 0 else b""
+                if size < 0 or len(data) != size or proc.stdout.read(1) != b"\n":
+                    raise CaptureError(f"patch capture: git cat-file could not read blob {oid} "
+                                       f"(timed out after {GIT_TIMEOUT_S} s or died); the "
+                                       f"suite's own repository is {self.gitdir}")
+                yield data
+        except (BrokenPipeError, ValueError) as exc:
+            raise CaptureError(f"patch capture: git cat-file stopped ({exc}); the suite's own "
+                               f"repository is {self.gitdir}") from None
+        finally:
+            timer.cancel()
+            proc.kill()
+            proc.stdin.close()
+            proc.stdout.close()
+            proc.wait()

@@ -5,9 +5,10 @@ wrote never runs outside the box.
 Each run gets its own copy (made a git repository by the suite before the agent acts, for the
 agent's own use); the copy is removed when the run ends. The patch is read from the host side
 against the pristine tree taken before the agent acted (`histories.agent.capture`: nothing of
-the agent's repository is read and nothing of the agent's runs). Validation runs, confined, in
-a copy with the task's own test files put back, and is refused when the agent added a module
-that would shadow what the tests import (`histories.tasks.validation`).
+the agent's repository is read and nothing of the agent's runs). Validation runs, confined, in a
+tree built host-side from the pristine task with only the agent's patch applied, refused when
+the patch holds more than source (a test file, a link, bytecode, a shadowing module;
+`histories.tasks.validation`).
 """
 
 from __future__ import annotations
@@ -24,16 +25,17 @@ from typing import Any
 from minisweagent.environments.local import LocalEnvironment, LocalEnvironmentConfig
 
 from compaction_bench.common.files import remove_tree
-from compaction_bench.histories.agent.capture import Snapshots
+from compaction_bench.histories.agent.capture import CaptureError, Snapshots
 from compaction_bench.histories.agent.sandbox import Sandbox, SandboxLimits
 from compaction_bench.histories.agent.totals import mount_workspace, unmount_workspace
 from compaction_bench.histories.tasks.task import Task
 from compaction_bench.histories.tasks.validation import (
     Canary,
     expected_tests,
-    shadowing,
+    refusal_line,
+    refusals,
     unittest_verdict,
-    validation_copy,
+    validation_tree,
 )
 
 VALIDATION_TAIL_CHARS = 4000
@@ -160,30 +162,48 @@ class Workspace:
         assert self.snapshots is not None
         return self.snapshots.diff(self.path)
 
+    def _validation_tree(self, folder: Path) -> str | None:
+        """The pristine task with the agent's patch applied, built in `folder`; why not, in one
+        line (None: built)."""
+        assert self.snapshots is not None
+        try:
+            changes = self.snapshots.changes(self.path)
+            refused = refusals(changes, self.task.workspace)
+            if refused:
+                return refusal_line(refused)
+            blobs = [change.new_oid for change in changes if change.status != "D"]
+            validation_tree(self.task.workspace, folder, changes, self.snapshots.contents(blobs))
+        except CaptureError as exc:  # over the capture's limits, a name git reserves
+            return f"validation refused: {exc}"
+        except OSError as exc:  # a name the file system refuses
+            return f"validation failed: its tree could not be built from the patch ({exc})"
+        return None
+
     def validate(self) -> Validation:
-        """Run the task's local validation command, confined like the agent, in a copy with the
-        task's own test files put back; refused where the agent added a shadowing module."""
+        """Run the task's local validation command, confined like the agent, in a tree built
+        from the pristine task and the agent's patch (module docstring); a patch that holds
+        more than the task's source files fails in one line naming the path and why. Never
+        raises for what the workspace holds."""
         assert self.sandbox is not None
-        refused = shadowing(self.path, self.task.workspace)
-        if refused:
-            return Validation(False, 2, "validation refused: " + "; ".join(refused)
-                              + "; the task's tests would not test the task's code")
-        folder = self._folder(f"compbench-{self.task.id}-validate-")
         command = self.task.spec.validation
         judged = UNITTEST.search(command) is not None
         # the canary is a module named on the command line: `discover` takes no module names
         canary = Canary.draw() if judged and "discover" not in command.split() else None
+        folder = self._folder(f"compbench-{self.task.id}-validate-")
         try:
-            validation_copy(self.path, self.task.workspace, folder)
+            why = self._validation_tree(folder)
+            if why is not None:
+                return Validation(False, 2, why)
+            extra = [canary.module] if canary is not None else []
             if canary is not None:
                 (folder / f"{canary.module}.py").write_text(canary.source, encoding="utf-8")
-                command = f"{command} {canary.module}"
+            run = " ".join([command, *extra])
             box = Sandbox(folder, self.limits, level=self.sandbox.confinement,
                           workspace_total=self._mounted.get(folder))
             limits = self.limits.model_copy(update={"output_cap_chars": 200_000})
             timeout = self.task.spec.command_timeout_s * 3
             try:
-                got = box.run(command, timeout_s=timeout, limits=limits)
+                got = box.run(run, timeout_s=timeout, limits=limits)
             finally:
                 box.close()
         finally:

@@ -1,29 +1,42 @@
-"""What a repository task's validation runs on: the agent's files with the task's own tests put
-back, and no module of the agent's that would change what the tests mean.
+"""What a repository task's validation runs on, and how: the pristine task with only the
+agent's patch applied, in an interpreter that starts isolated.
 
-Validation runs in a copy of the workspace (never in the agent's tree, which stays as the agent
-left it), where every test file of the pristine task (`test_*.py`, `*_test.py`, `conftest.py`)
-is restored byte for byte. Before anything runs, the copy is refused when it holds a module the
-pristine task does not have that would shadow what the tests import or how Python starts: a
-standard-library name (`unittest.py`, a `json/` package, `unittest.cpython-311-...so`),
-`sitecustomize`/`usercustomize`, or a `conftest.py`; looked for in every folder a test file
-lives in, which the interpreter puts first on `sys.path`. The box sets PYTHONNOUSERSITE=1, so
-user site-packages under its home (the workspace) are not read either. A module here is a file
-of any import suffix (`.py`, `.pyc`, an extension) or a folder holding an `__init__` of any
-suffix, a linked folder included; the task's own test modules are protected too (a
-`test_x/` package or `test_x.so` would be imported instead of the restored `test_x.py`).
+The tree is built host-side, never copied from the workspace: the pristine task tree (`copy_tree`
+of the task's own folder) with each path of the agent's patch written from the suite's own
+capture repository (`capture.Snapshots.changes` and `.contents`, the blobs the patch was made
+from, byte for byte; `validation_tree`). Nothing else of the workspace reaches it: no
+`__pycache__` (capture leaves it out), no `.git`, no file the patch does not name.
 
-A unittest validation (`python3 -m unittest ...`) is judged on what unittest printed, not on its
-exit code alone (an `os._exit(0)` or an `atexit` hook sets that): it must report at least as
+The patch may change the task's source files only. `refusals` names, one reason a path, a patch
+that changes or deletes one of the task's test files (`test_*.py`, `*_test.py`, `conftest.py`),
+adds a file a test runner would load (`test*.py`, unittest discover's pattern, `*_test.py`, a
+`conftest.py`), adds a symbolic link or anything but a regular file, adds compiled code
+(bytecode `.pyc`/`.pyo`, an extension module, anything under `__pycache__`), or adds a module that
+would shadow what the tests import or how Python starts: a standard-library name (`unittest.py`,
+a `json/` package), `sitecustomize`/`usercustomize`, or one of the task's test modules (a
+`test_x/` package would be imported instead of the restored `test_x.py`), in every folder a
+test file lives in. A refused patch is never validated: validation fails with the line.
+
+A unittest validation (`python3 -m unittest ...`) is judged on what unittest printed, not on
+its exit code alone (an `os._exit(0)` or an `atexit` hook sets that): it must report at least as
 many tests as the task's test files define, and `OK`. A **canary** test module with a random
-name, written into the copy and added to the command, asserts things that are false (values
+name, written into the tree and added to the command, asserts things that are false (values
 drawn per run); it must fail, exactly as written, or an assertion was disabled (a patched
-`TestCase.assertEqual`) and validation fails.
+`TestCase.assertEqual`) and validation fails. Any other validation command is judged on its
+exit code. The box sets PYTHONNOUSERSITE=1, so user site-packages under its home (the tree) are
+not read.
+
+What this does not stop: the report is read from the output of the process that imported the
+agent's code, so that code can still print a report of its own (the canary's test names are in
+the process it runs in) and exit; only checks computed in a process that never imports it
+would close that (docs/faults.md).
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
+import fnmatch
 import importlib.machinery
 import os
 import re
@@ -31,15 +44,23 @@ import secrets
 import shutil
 import stat
 import sys
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from compaction_bench.common.files import walk
+from compaction_bench.histories.agent.capture import Change
 
 TEST_PATTERNS = ("test_*.py", "*_test.py", "conftest.py")
+# what a test runner loads that the task does not have: unittest discover's own pattern too
+RUNNER_PATTERNS = ("test*.py", "*_test.py", "conftest.py")
 STARTUP_MODULES = frozenset({"sitecustomize", "usercustomize"})
 SUFFIXES = tuple(sorted(importlib.machinery.all_suffixes(), key=len, reverse=True))
+COMPILED = (*importlib.machinery.BYTECODE_SUFFIXES, ".pyo",
+            *importlib.machinery.EXTENSION_SUFFIXES)
 SKIPPED = (".git", "__pycache__")
+REGULAR = ("100644", "100755")
+SHOWN_REFUSALS = 5
 
 
 def task_test_files(pristine: Path) -> list[Path]:
@@ -49,46 +70,76 @@ def task_test_files(pristine: Path) -> list[Path]:
     return sorted(found)
 
 
-def _module_name(entry: Path) -> str | None:
-    """The module an entry of a sys.path folder provides, if any: a file of an import suffix, or
-    a regular package (a folder, linked or not, holding `__init__` of any import suffix; a
-    folder without one is a namespace portion, which a module of the same name wins over)."""
-    if entry.is_dir():
-        return entry.name if any((entry / f"__init__{suffix}").exists()
-                                 for suffix in SUFFIXES) else None
+def _module_of(name: str) -> str | None:
+    """The module a file of this name provides on a sys.path folder (None: no import suffix)."""
     for suffix in SUFFIXES:
-        if entry.name.endswith(suffix):
-            return entry.name[: -len(suffix)].split(".")[0]
+        if name.endswith(suffix):
+            return name[: -len(suffix)].split(".")[0]
     return None
 
 
-def shadowing(folder: Path, pristine: Path) -> list[str]:
-    """Why `folder` may not be validated: each shadowing module the pristine task lacks, as
-    'path: what it shadows' (empty: none)."""
-    protected = set(sys.stdlib_module_names) | STARTUP_MODULES
-    tests = {p.stem for p in task_test_files(pristine)}
-    roots = {Path(".")} | {p.parent for p in task_test_files(pristine)}
-    found = []
-    for root in sorted(roots):
-        here = folder / root
-        if not here.is_dir():
-            continue
-        for entry in sorted(here.iterdir()):
-            relative = entry.relative_to(folder)
-            if (pristine / relative).exists() or (pristine / relative).is_symlink():
-                continue
-            name = _module_name(entry)
-            if entry.name == "conftest.py":
-                found.append(f"{relative}: a conftest.py the task does not have (pytest "
-                             "would load it)")
-            elif name in STARTUP_MODULES:
-                found.append(f"{relative}: {name} runs at interpreter start")
-            elif name in protected:
-                found.append(f"{relative}: shadows the standard-library module {name}")
-            elif name in tests:
-                found.append(f"{relative}: would be imported instead of the task's test "
-                             f"module {name}")
-    return found
+def _shown(path: str) -> str:
+    """A path as one printable line (a name that is not UTF-8 or holds a newline, escaped)."""
+    return path if path.isprintable() else ascii(path)
+
+
+def _why(change: Change, tests: set[PurePosixPath],
+         roots: set[PurePosixPath]) -> tuple[str, str] | None:
+    """What the patch may not hold in `change` and why, as (the path to name, why); a shadowing
+    package is named by its folder (None: it may hold it)."""
+    path = PurePosixPath(change.path)
+    if any(part in ("", ".", "..") for part in change.path.split("/")):
+        return change.path, "not a path inside the task's tree"
+    if path in tests:
+        return change.path, (f"a test file of the task (the patch may not "
+                             f"{'delete' if change.status == 'D' else 'change'} it: the task's "
+                             "own tests judge the fix)")
+    if change.status == "D":
+        return None
+    if change.new_mode == "120000":
+        return change.path, "a symbolic link (the patch may hold regular files only)"
+    if change.new_mode not in REGULAR:
+        return change.path, f"not a regular file (mode {change.new_mode})"
+    if "__pycache__" in path.parts or path.name.endswith(COMPILED):
+        return change.path, ("compiled code (bytecode or an extension module; the patch may "
+                             "hold source only)")
+    if change.status != "A":  # a change to a file the task has: source
+        return None
+    if any(fnmatch.fnmatchcase(path.name, pattern) for pattern in RUNNER_PATTERNS):
+        return change.path, ("a test file the task does not have (a test runner would load it; "
+                             "the task's own tests judge the fix)")
+    # a new module on a sys.path folder: a file there, or a package's __init__ one below
+    named, name = change.path, _module_of(path.name) if path.parent in roots else None
+    if name is None and path.name.startswith("__init__.") and path.parent.parent in roots:
+        named, name = str(path.parent), path.parent.name
+    if name in STARTUP_MODULES:
+        return named, f"{name} runs at interpreter start"
+    if name in sys.stdlib_module_names:
+        return named, f"shadows the standard-library module {name}"
+    if name in {p.stem for p in tests}:
+        return named, f"would be imported instead of the task's test module {name}"
+    return None
+
+
+def refusals(changes: Sequence[Change], pristine: Path) -> list[str]:
+    """Why the patch may not be validated (module docstring): 'path: why' for each path it may
+    not hold (empty: the patch may be validated)."""
+    tests = {PurePosixPath(p.as_posix()) for p in task_test_files(pristine)}
+    roots = {PurePosixPath(".")} | {p.parent for p in tests}
+    found: dict[str, str] = {}
+    for change in changes:
+        refused = _why(change, tests, roots)
+        if refused is not None:
+            found.setdefault(_shown(refused[0]), refused[1])
+    return [f"{path}: {why}" for path, why in found.items()]
+
+
+def refusal_line(refused: Sequence[str]) -> str:
+    """The one line a refused patch fails validation with."""
+    shown = "; ".join(refused[:SHOWN_REFUSALS])
+    more = f"; and {len(refused) - SHOWN_REFUSALS} more" if len(refused) > SHOWN_REFUSALS else ""
+    return (f"validation refused: {shown}{more}; the patch may change the task's source files "
+            "only")
 
 
 def expected_tests(pristine: Path) -> int:
@@ -194,21 +245,61 @@ def copy_tree(source: Path, dest: Path) -> None:
                 shutil.copy2(path, here / name, follow_symlinks=False)
 
 
-def validation_copy(workspace: Path, pristine: Path, dest: Path) -> list[Path]:
-    """Copy `workspace` into `dest` (links kept as links) and put the task's own test files
-    back from `pristine`; the restored files, relative."""
-    copy_tree(workspace, dest)
-    restored = task_test_files(pristine)
-    for relative in restored:
-        here = dest
-        for part in relative.parts:  # a link anywhere on the way could point out of the copy
-            here = here / part
-            if here.is_symlink() or (here.exists() and not here.is_dir()
-                                     and here != dest / relative):
-                here.unlink()
-        target = dest / relative
-        if target.is_dir():
-            shutil.rmtree(target)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(pristine / relative, target, follow_symlinks=False)
-    return restored
+def _folder_fd(dest: int, parts: Sequence[str], *, create: bool) -> int:
+    """A descriptor of the folder `parts` below `dest`, each step opened without following a
+    link (a link on the way is an error, never a way out of the tree); any depth."""
+    fd = os.dup(dest)
+    try:
+        for part in parts:
+            if create:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, 0o755, dir_fd=fd)
+            step = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = step
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def validation_tree(pristine: Path, dest: Path, changes: Sequence[Change],
+                    contents: Iterable[bytes]) -> None:
+    """The pristine task tree in `dest` with the patch applied: each deleted path removed (and
+    folders it left empty), then each other change written from `contents`, the new blobs in
+    the order of the changes that are not deletions. Refuse the patch first (`refusals`)."""
+    copy_tree(pristine, dest)
+    root = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        emptied: set[PurePosixPath] = set()
+        for change in changes:
+            if change.status != "D":
+                continue
+            *folders, name = change.path.split("/")
+            with contextlib.suppress(FileNotFoundError):
+                fd = _folder_fd(root, folders, create=False)
+                try:
+                    os.unlink(name, dir_fd=fd)
+                finally:
+                    os.close(fd)
+            emptied.update(PurePosixPath(change.path).parents)
+        for folder in sorted(emptied - {PurePosixPath(".")}, key=lambda p: -len(p.parts)):
+            with contextlib.suppress(OSError):  # not empty: it holds more than was deleted
+                os.rmdir(str(folder), dir_fd=root)
+        writes = [change for change in changes if change.status != "D"]
+        for change, data in zip(writes, contents, strict=True):
+            *folders, name = change.path.split("/")
+            fd = _folder_fd(root, folders, create=True)
+            try:
+                if change.status == "T":  # a link the task had becomes a file
+                    os.unlink(name, dir_fd=fd)
+                mode = 0o755 if change.new_mode == "100755" else 0o644
+                out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW,
+                              mode, dir_fd=fd)
+                with os.fdopen(out, "wb") as handle:
+                    handle.write(data)
+                    os.fchmod(handle.fileno(), mode)
+            finally:
+                os.close(fd)
+    finally:
+        os.close(root)

@@ -1,65 +1,157 @@
-"""Validation the agent cannot forge: the task's own tests put back, shadowing modules refused.
-The unit tests read real folders; the e2e tests run the task's validation in the real box."""
+"""Validation the agent cannot forge: a tree built from the pristine task and the agent's patch,
+refused when the patch holds more than source, judged on unittest's own report with a
+canary. The unit tests read real folders and made-up patches; the
+e2e tests run the task's validation in the real box."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
+from compaction_bench.histories.agent.capture import Change
 from compaction_bench.histories.agent.workspace import Workspace
 from compaction_bench.histories.tasks.task import load_task
 from compaction_bench.histories.tasks.validation import (
     Canary,
     expected_tests,
-    shadowing,
+    refusal_line,
+    refusals,
     task_test_files,
     unittest_verdict,
-    validation_copy,
+    validation_tree,
 )
 
 FAKE_UNITTEST = "import sys\nsys.exit(0)\n"
 FIX = ("    if len(ordered) % 2 == 0:\n"
        "        return (ordered[middle - 1] + ordered[middle]) / 2\n")
+OID = "1" * 40
+
+
+def added(path: str, mode: str = "100644") -> Change:
+    return Change(path, "A", "000000", mode, OID)
+
+
+def changed(path: str, mode: str = "100644", status: str = "M") -> Change:
+    return Change(path, status, "100644", mode, OID)
+
+
+def deleted(path: str) -> Change:
+    return Change(path, "D", "100644", "000000", "0" * 40)
 
 
 def test_the_task_test_files_are_found_in_the_pristine_tree() -> None:
     assert task_test_files(load_task("fix-median").workspace) == [Path("test_stats_utils.py")]
 
 
-def test_shadowing_names_each_module_and_what_it_shadows(tmp_path: Path) -> None:
+def test_a_patch_of_source_files_is_not_refused() -> None:
     pristine = load_task("fix-median").workspace
-    (tmp_path / "unittest.py").write_text(FAKE_UNITTEST)
-    (tmp_path / "json").mkdir()
-    (tmp_path / "json" / "__init__.py").write_text("")
-    (tmp_path / "sitecustomize.py").write_text("")
-    (tmp_path / "conftest.py").write_text("")
-    (tmp_path / "helpers.py").write_text("")  # a new module of its own name is fine
-    found = shadowing(tmp_path, pristine)
-    assert any(f.startswith("unittest.py: shadows the standard-library module unittest")
-               for f in found)
-    assert any(f.startswith("json: shadows") for f in found)
-    assert any("sitecustomize" in f for f in found) and any("conftest" in f for f in found)
-    assert not any("helpers" in f for f in found)
-    assert shadowing(pristine, pristine) == []
+    assert refusals([changed("stats_utils.py"), changed("stats_utils.py", "100755"),
+                     added("helpers.py"), added("notes/README.md"), added("email/x.py"),
+                     added("pkg/__init__.py"), added("zz.pth"), added("caf\udce9.txt"),
+                     added("/".join(["d"] * 1100 + ["f"])), deleted("stats_utils.py")],
+                    pristine) == []
 
 
-def test_linked_sourceless_and_test_named_modules_are_shadowing_too(tmp_path: Path) -> None:
+def test_a_patch_that_touches_a_test_file_is_refused_naming_it() -> None:
     pristine = load_task("fix-median").workspace
-    (tmp_path / "fakeut").mkdir()
-    (tmp_path / "fakeut" / "__init__.py").write_text(FAKE_UNITTEST)
-    (tmp_path / "unittest").symlink_to("fakeut")
-    (tmp_path / "json").mkdir()
-    (tmp_path / "json" / "__init__.pyc").write_bytes(b"")
-    (tmp_path / "test_stats_utils").mkdir()
-    (tmp_path / "test_stats_utils" / "__init__.py").write_text("")
-    (tmp_path / "email").mkdir()  # a folder without __init__: a namespace portion, harmless
-    found = shadowing(tmp_path, pristine)
-    assert "unittest: shadows the standard-library module unittest" in found
-    assert "json: shadows the standard-library module json" in found
-    assert ("test_stats_utils: would be imported instead of the task's test module "
-            "test_stats_utils") in found
-    assert not any(f.startswith(("email", "fakeut")) for f in found), found
+    assert refusals([changed("test_stats_utils.py")], pristine) == [
+        "test_stats_utils.py: a test file of the task (the patch may not change it: the "
+        "task's own tests judge the fix)"]
+    assert "may not delete it" in refusals([deleted("test_stats_utils.py")], pristine)[0]
+    # replaced by a link, or new test files a runner would load
+    assert refusals([changed("test_stats_utils.py", "120000", "T")], pristine)[0].startswith(
+        "test_stats_utils.py: a test file of the task")
+    found = refusals([added("test_repro.py"), added("sub/conftest.py"), added("tests.py"),
+                      added("x_test.py")], pristine)
+    assert [line.split(":")[0] for line in found] == [
+        "test_repro.py", "sub/conftest.py", "tests.py", "x_test.py"]
+    assert all("a test file the task does not have" in line for line in found)
+
+
+def test_a_patch_that_adds_bytecode_or_a_link_is_refused_naming_it() -> None:
+    pristine = load_task("fix-median").workspace
+    found = refusals([added("helper.pyc"), added("unittest/__init__.pyc"),
+                      added("fast.cpython-311-x86_64-linux-gnu.so"), added("old.pyo"),
+                      added("pkg/__pycache__/m.cpython-311.pyc"), added("data.pyc.txt")],
+                     pristine)
+    assert [line.split(":")[0] for line in found] == [
+        "helper.pyc", "unittest/__init__.pyc", "fast.cpython-311-x86_64-linux-gnu.so", "old.pyo",
+        "pkg/__pycache__/m.cpython-311.pyc"]
+    assert all(line.endswith(": compiled code (bytecode or an extension module; the patch may "
+                             "hold source only)") for line in found)
+    assert refusals([added("unittest", "120000"), changed("stats_utils.py", "120000", "T")],
+                    pristine) == [
+        "unittest: a symbolic link (the patch may hold regular files only)",
+        "stats_utils.py: a symbolic link (the patch may hold regular files only)"]
+    assert refusals([added("vendored", "160000")], pristine) == [
+        "vendored: not a regular file (mode 160000)"]
+
+
+def test_a_patch_that_adds_a_shadowing_module_is_refused_naming_it() -> None:
+    pristine = load_task("fix-median").workspace
+    found = refusals([added("unittest.py"), added("json/__init__.py"), added("json/x.py"),
+                      added("sitecustomize.py"), added("usercustomize/__init__.py"),
+                      added("test_stats_utils/__init__.py"), added("sub/unittest.py")], pristine)
+    assert found == [
+        "unittest.py: shadows the standard-library module unittest",
+        "json: shadows the standard-library module json",
+        "sitecustomize.py: sitecustomize runs at interpreter start",
+        "usercustomize: usercustomize runs at interpreter start",
+        "test_stats_utils: would be imported instead of the task's test module "
+        "test_stats_utils"]  # sub/ is on no sys.path: sub/unittest.py shadows nothing
+    # one line, however many
+    line = refusal_line([f"m{i}.pyc: compiled code" for i in range(12)])
+    assert "\n" not in line and line.startswith("validation refused: m0.pyc: compiled code")
+    assert "; and 7 more; the patch may change the task's source files only" in line
+    # a name that is not UTF-8, or holds a newline, is shown escaped on the one line
+    assert refusals([added("caf\udce9.pyc"), added("a\nb.pyc")], pristine)[0].startswith(
+        "'caf\\udce9.pyc': ")
+    assert "\n" not in refusal_line(refusals([added("a\nb.pyc")], pristine))
+
+
+def test_the_validation_tree_is_the_pristine_tree_with_the_patch_applied(
+        tmp_path: Path) -> None:
+    pristine, dest = tmp_path / "pristine", tmp_path / "dest"
+    (pristine / "pkg").mkdir(parents=True)
+    (pristine / "mod.py").write_text("old\n")
+    (pristine / "gone.py").write_text("x\n")
+    (pristine / "pkg" / "only.py").write_text("y\n")
+    (pristine / "__pycache__").mkdir()
+    (pristine / "__pycache__" / "mod.cpython-311.pyc").write_bytes(b"cache")
+    dest.mkdir()
+    deep = "/".join(["d"] * 1100 + ["f"])  # deeper than Python's recursion limit
+    changes = [changed("mod.py", "100755"), deleted("gone.py"), deleted("pkg/only.py"),
+               added("pkg"), added("caf\udce9.txt"), added(deep)]
+    validation_tree(pristine, dest, changes, iter([b"new\n", b"file\n", b"\xe9\n", b"deep\n"]))
+    assert (dest / "mod.py").read_bytes() == b"new\n"
+    assert os.stat(dest / "mod.py").st_mode & 0o777 == 0o755
+    assert not (dest / "gone.py").exists() and not (dest / "__pycache__").exists()
+    assert (dest / "pkg").read_bytes() == b"file\n"  # the folder it emptied became a file
+    assert (dest / "caf\udce9.txt").read_bytes() == b"\xe9\n"
+    fd = os.open(dest, os.O_RDONLY)
+    try:
+        for _ in range(1100):
+            step = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = step
+        leaf = os.open("f", os.O_RDONLY, dir_fd=fd)
+        assert os.read(leaf, 10) == b"deep\n"
+        os.close(leaf)
+    finally:
+        os.close(fd)
+
+
+def test_the_validation_tree_never_writes_through_a_link(tmp_path: Path) -> None:
+    pristine, dest, outside = tmp_path / "pristine", tmp_path / "dest", tmp_path / "outside"
+    pristine.mkdir()
+    outside.mkdir()
+    (pristine / "out").symlink_to(outside)  # a task that ships a link (none does today)
+    dest.mkdir()
+    with pytest.raises(OSError):
+        validation_tree(pristine, dest, [added("out/x.py")], iter([b"escaped"]))
+    assert list(outside.iterdir()) == []
 
 
 def test_the_unittest_verdict_reads_unittests_report_not_the_exit_code() -> None:
@@ -92,20 +184,6 @@ def test_the_unittest_verdict_reads_unittests_report_not_the_exit_code() -> None
     assert Canary.draw().source != canary.source
 
 
-def test_the_copy_restores_tests_even_through_a_link(tmp_path: Path) -> None:
-    pristine = load_task("fix-median").workspace
-    work, dest, outside = tmp_path / "work", tmp_path / "dest", tmp_path / "outside.py"
-    work.mkdir()
-    outside.write_text("untouched")
-    (work / "stats_utils.py").write_text("x = 1\n")
-    (work / "test_stats_utils.py").symlink_to(outside)  # the agent's "test" points out
-    validation_copy(work, pristine, dest)
-    restored = dest / "test_stats_utils.py"
-    assert not restored.is_symlink()
-    assert restored.read_bytes() == (pristine / "test_stats_utils.py").read_bytes()
-    assert outside.read_text() == "untouched" and (dest / "stats_utils.py").read_text() == "x = 1\n"
-
-
 @pytest.mark.e2e
 def test_a_shadowed_unittest_does_not_pass_an_unfixed_bug() -> None:
     with Workspace(load_task("fix-median")) as ws:
@@ -114,19 +192,57 @@ def test_a_shadowed_unittest_does_not_pass_an_unfixed_bug() -> None:
         assert not got.passed and "unittest.py: shadows the standard-library module" in got.output
 
 
+def _fix(ws: Workspace) -> None:
+    module = ws.path / "stats_utils.py"
+    module.write_text(module.read_text().replace("    return ordered[middle]\n",
+                                                 FIX + "    return ordered[middle]\n"))
+
+
 @pytest.mark.e2e
-def test_edited_tests_are_put_back_and_the_agents_tree_is_left_as_it_was() -> None:
+def test_a_patch_that_edits_the_tests_is_refused_and_the_agents_tree_left_as_it_was() -> None:
     with Workspace(load_task("fix-median")) as ws:
         tests = ws.path / "test_stats_utils.py"
+        pristine = tests.read_text()
+        _fix(ws)  # a real fix, beside edited tests: still refused
         tests.write_text("import unittest\nclass T(unittest.TestCase):\n"
                          "    def test_ok(self):\n        pass\n")
         forged = tests.read_text()
-        assert not ws.validate().passed  # the task's own tests ran: the bug is still there
-        assert tests.read_text() == forged  # validation ran in a copy
-        module = ws.path / "stats_utils.py"
-        module.write_text(module.read_text().replace("    return ordered[middle]\n",
-                                                     FIX + "    return ordered[middle]\n"))
-        assert ws.validate().passed  # a real fix passes the real tests
+        got = ws.validate()
+        assert not got.passed and got.output.startswith(
+            "validation refused: test_stats_utils.py: a test file of the task"), got.output
+        assert "\n" not in got.output
+        assert tests.read_text() == forged  # validation never touches the agent's tree
+        tests.write_text(pristine)  # put back as it was: no longer part of the patch
+        got = ws.validate()
+        assert got.passed, got.output
+
+
+@pytest.mark.e2e
+def test_a_patch_that_adds_bytecode_or_a_link_is_refused() -> None:
+    with Workspace(load_task("fix-median")) as ws:
+        _fix(ws)
+        (ws.path / "__pycache__").mkdir()  # a cache the agent's own test runs left: dropped
+        (ws.path / "__pycache__" / "stats_utils.cpython-311.pyc").write_bytes(b"stale")
+        assert ws.validate().passed
+        (ws.path / "helper.pyc").write_bytes(b"\x00bytecode")
+        got = ws.validate()
+        assert not got.passed and got.output.startswith(
+            "validation refused: helper.pyc: compiled code"), got.output
+        (ws.path / "helper.pyc").unlink()
+        (ws.path / "median.py").symlink_to("stats_utils.py")
+        got = ws.validate()
+        assert not got.passed and got.output.startswith(
+            "validation refused: median.py: a symbolic link"), got.output
+
+
+@pytest.mark.e2e
+def test_a_workspace_the_capture_refuses_fails_validation_in_one_line() -> None:
+    with Workspace(load_task("fix-median")) as ws:
+        (ws.path / ".GIT").mkdir()
+        (ws.path / ".GIT" / "x").write_text("x\n")
+        got = ws.validate()
+        assert not got.passed and got.output.startswith(
+            "validation refused: patch capture: git refuses the path '.GIT/x'"), got.output
 
 
 # --- the six forgeries of issue 34, each on the unfixed bug: validation must fail ---------------
@@ -169,8 +285,10 @@ def test_a_forgery_does_not_pass_an_unfixed_bug(attack: str) -> None:
             _prepend(ws, NO_ASSERT)
         got = ws.validate()
         assert not got.passed, (attack, got.output)
-        if attack in ("linked_package", "sourceless_package"):
-            assert "unittest: shadows the standard-library module unittest" in got.output
+        if attack == "linked_package":
+            assert "unittest: a symbolic link" in got.output
+        elif attack == "sourceless_package":
+            assert "unittest/__init__.pyc: compiled code" in got.output
         elif attack == "test_package":
             assert "instead of the task's test module test_stats_utils" in got.output
         elif attack == "exit_on_import":
@@ -182,8 +300,6 @@ def test_a_forgery_does_not_pass_an_unfixed_bug(attack: str) -> None:
 @pytest.mark.e2e
 def test_the_canary_fails_as_written_when_the_fix_is_real() -> None:
     with Workspace(load_task("fix-median")) as ws:
-        module = ws.path / "stats_utils.py"
-        module.write_text(module.read_text().replace("    return ordered[middle]\n",
-                                                     FIX + "    return ordered[middle]\n"))
+        _fix(ws)
         got = ws.validate()
         assert got.passed and got.returncode == 0, got.output

@@ -7,8 +7,8 @@ agent's own use); the copy is removed when the run ends. The patch is read from 
 against the pristine tree taken before the agent acted (`histories.agent.capture`: nothing of
 the agent's repository is read and nothing of the agent's runs). Validation runs, confined, in a
 tree built host-side from the pristine task with only the agent's patch applied, refused when
-the patch holds more than source (a test file, a link, bytecode, a shadowing module;
-`histories.tasks.validation`).
+the patch holds more than source (a test file, a link, bytecode, a shadowing module), with the
+interpreter started isolated (`histories.tasks.validation`).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from compaction_bench.histories.tasks.task import Task
 from compaction_bench.histories.tasks.validation import (
     Canary,
     expected_tests,
+    isolated_command,
     refusal_line,
     refusals,
     unittest_verdict,
@@ -197,7 +198,7 @@ class Workspace:
             extra = [canary.module] if canary is not None else []
             if canary is not None:
                 (folder / f"{canary.module}.py").write_text(canary.source, encoding="utf-8")
-            run = " ".join([command, *extra])
+            run = isolated_command(command, extra) or " ".join([command, *extra])
             box = Sandbox(folder, self.limits, level=self.sandbox.confinement,
                           workspace_total=self._mounted.get(folder))
             limits = self.limits.model_copy(update={"output_cap_chars": 200_000})

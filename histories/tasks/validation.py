@@ -17,14 +17,17 @@ a `json/` package), `sitecustomize`/`usercustomize`, or one of the task's test m
 `test_x/` package would be imported instead of the restored `test_x.py`), in every folder a
 test file lives in. A refused patch is never validated: validation fails with the line.
 
-A unittest validation (`python3 -m unittest ...`) is judged on what unittest printed, not on
-its exit code alone (an `os._exit(0)` or an `atexit` hook sets that): it must report at least as
-many tests as the task's test files define, and `OK`. A **canary** test module with a random
-name, written into the tree and added to the command, asserts things that are false (values
-drawn per run); it must fail, exactly as written, or an assertion was disabled (a patched
-`TestCase.assertEqual`) and validation fails. Any other validation command is judged on its
-exit code. The box sets PYTHONNOUSERSITE=1, so user site-packages under its home (the tree) are
-not read.
+A unittest validation (`python3 -m unittest ARGS`) runs as `python3 -I -B -c RUNNER ARGS`
+(`isolated_command`): no PYTHON* variable, no user site-packages (so no `.pth` of the tree's,
+not even one under its HOME), no script folder first on `sys.path`; the runner appends the tree
+to the END of `sys.path` and runs unittest's own `__main__` as `-m` would, so nothing in the
+tree can shadow a standard-library or installed module, and a `sitecustomize.py` there is
+never found. It is judged on what unittest printed, not on its exit code alone (an
+`os._exit(0)` or an `atexit` hook sets that): it must report at least as many tests as the
+task's test files define, and `OK`. A **canary** test module with a random name, written into
+the tree and added to the command, asserts things that are false (values drawn per run); it
+must fail, exactly as written, or an assertion was disabled (a patched `TestCase.assertEqual`)
+and validation fails. Any other validation command runs as written, judged on its exit code.
 
 What this does not stop: the report is read from the output of the process that imported the
 agent's code, so that code can still print a report of its own (the canary's test names are in
@@ -41,6 +44,7 @@ import importlib.machinery
 import os
 import re
 import secrets
+import shlex
 import shutil
 import stat
 import sys
@@ -61,6 +65,12 @@ COMPILED = (*importlib.machinery.BYTECODE_SUFFIXES, ".pyo",
 SKIPPED = (".git", "__pycache__")
 REGULAR = ("100644", "100755")
 SHOWN_REFUSALS = 5
+# run as `python3 -I -B -c RUNNER ARGS`: the tree goes last on sys.path (-I puts nothing of
+# the folder first), then unittest's __main__ runs as `-m unittest` runs it
+RUNNER = ("import os, runpy, sys; sys.path.append(os.getcwd()); "
+          "runpy.run_module('unittest', run_name='__main__', alter_sys=True)")
+# a command with any of these is shell, not one argv: it runs as written
+SHELL = re.compile(r"[;&|<>`$(){}*?\[\]!~#\n\\]")
 
 
 def task_test_files(pristine: Path) -> list[Path]:
@@ -243,6 +253,20 @@ def copy_tree(source: Path, dest: Path) -> None:
                 os.symlink(os.readlink(path), here / name)
             else:
                 shutil.copy2(path, here / name, follow_symlinks=False)
+
+
+def isolated_command(command: str, extra: Sequence[str] = ()) -> str | None:
+    """The task's `python3 -m unittest ARGS` (plus `extra` names) as the isolated interpreter
+    runs it (module docstring); None where the command is not that one shape (a shell
+    operator, another program), which then runs as written."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return None
+    if (SHELL.search(command) or len(words) < 3 or words[0] not in ("python3", "python")
+            or words[1:3] != ["-m", "unittest"]):
+        return None
+    return shlex.join([words[0], "-I", "-B", "-c", RUNNER, *words[3:], *extra])
 
 
 def _folder_fd(dest: int, parts: Sequence[str], *, create: bool) -> int:

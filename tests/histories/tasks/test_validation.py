@@ -1,6 +1,6 @@
 """Validation the agent cannot forge: a tree built from the pristine task and the agent's patch,
-refused when the patch holds more than source, judged on unittest's own report with a
-canary. The unit tests read real folders and made-up patches; the
+refused when the patch holds more than source, run by an isolated interpreter and judged on
+unittest's own report with a canary. The unit tests read real folders and made-up patches; the
 e2e tests run the task's validation in the real box."""
 
 from __future__ import annotations
@@ -10,12 +10,15 @@ from pathlib import Path
 
 import pytest
 
+from compaction_bench.common.files import remove_tree
 from compaction_bench.histories.agent.capture import Change
 from compaction_bench.histories.agent.workspace import Workspace
 from compaction_bench.histories.tasks.task import load_task
 from compaction_bench.histories.tasks.validation import (
+    RUNNER,
     Canary,
     expected_tests,
+    isolated_command,
     refusal_line,
     refusals,
     task_test_files,
@@ -124,7 +127,15 @@ def test_the_validation_tree_is_the_pristine_tree_with_the_patch_applied(
     deep = "/".join(["d"] * 1100 + ["f"])  # deeper than Python's recursion limit
     changes = [changed("mod.py", "100755"), deleted("gone.py"), deleted("pkg/only.py"),
                added("pkg"), added("caf\udce9.txt"), added(deep)]
-    validation_tree(pristine, dest, changes, iter([b"new\n", b"file\n", b"\xe9\n", b"deep\n"]))
+    try:
+        validation_tree(pristine, dest, changes,
+                        iter([b"new\n", b"file\n", b"\xe9\n", b"deep\n"]))
+        _check_tree(dest)
+    finally:  # pytest's own clean-up of tmp_path recurses, and would fail at this depth
+        remove_tree(dest)
+
+
+def _check_tree(dest: Path) -> None:
     assert (dest / "mod.py").read_bytes() == b"new\n"
     assert os.stat(dest / "mod.py").st_mode & 0o777 == 0o755
     assert not (dest / "gone.py").exists() and not (dest / "__pycache__").exists()
@@ -152,6 +163,17 @@ def test_the_validation_tree_never_writes_through_a_link(tmp_path: Path) -> None
     with pytest.raises(OSError):
         validation_tree(pristine, dest, [added("out/x.py")], iter([b"escaped"]))
     assert list(outside.iterdir()) == []
+
+
+def test_unittest_runs_isolated_and_other_commands_as_written() -> None:
+    got = isolated_command("python3 -m unittest -q test_stats_utils", ["test_zz_1"])
+    assert got is not None
+    assert got.startswith("python3 -I -B -c ") and got.endswith(" -q test_stats_utils test_zz_1")
+    assert RUNNER in got.replace("'\"'\"'", "'")
+    for command in ("python3 -m unittest x && true", "cd sub; python3 -m unittest",
+                    "python3 -m pytest -q", "make test", "python3 -m unittest $(ls)",
+                    "python3 -m unittest 'unclosed"):
+        assert isolated_command(command) is None, command
 
 
 def test_the_unittest_verdict_reads_unittests_report_not_the_exit_code() -> None:
@@ -233,6 +255,49 @@ def test_a_patch_that_adds_bytecode_or_a_link_is_refused() -> None:
         got = ws.validate()
         assert not got.passed and got.output.startswith(
             "validation refused: median.py: a symbolic link"), got.output
+
+
+@pytest.mark.e2e
+def test_a_pth_file_in_the_tree_does_nothing_to_the_isolated_interpreter() -> None:
+    with Workspace(load_task("fix-median")) as ws:
+        _fix(ws)
+        module = ws.path / "stats_utils.py"
+        module.write_text("import sys\nprint('ISOLATED', sys.flags.isolated, "
+                          "sys.flags.no_user_site)\n" + module.read_text())
+        pth = "import sys; print('PTH-RAN'); sys.stdout.flush()\n"
+        for minor in range(8, 16):  # HOME is the tree: its user site, whatever the version
+            site = ws.path / ".local" / "lib" / f"python3.{minor}" / "site-packages"
+            site.mkdir(parents=True)
+            (site / "zz.pth").write_text(pth)
+        (ws.path / "zz.pth").write_text(pth)
+        got = ws.validate()
+        assert got.passed, got.output
+        assert "ISOLATED 1 1" in got.output and "PTH-RAN" not in got.output, got.output
+
+
+@pytest.mark.e2e
+def test_nothing_in_the_tree_shadows_the_isolated_interpreters_modules() -> None:
+    """Past the refusals, as if one were missed: the tree's unittest/, sitecustomize.py and
+    .pth files are never read, even with PYTHONPATH and user site-packages turned on, where
+    the command as written reads all three."""
+    with Workspace(load_task("fix-median")) as ws:
+        assert ws.sandbox is not None
+        (ws.path / "unittest").mkdir()
+        (ws.path / "unittest" / "__init__.py").write_text(
+            "import sys\nprint('FAKE-UNITTEST')\nsys.exit(0)\n")
+        (ws.path / "sitecustomize.py").write_text("print('SITECUSTOMIZE-RAN')\n")
+        site = ws.path / ".local" / "lib" / "python3.11" / "site-packages"
+        site.mkdir(parents=True)
+        (site / "zz.pth").write_text("import sys; print('PTH-RAN')\n")
+        unsafe = "env -u PYTHONNOUSERSITE PYTHONPATH=. "
+        written = ws.sandbox.run(unsafe + "python3 -m unittest -q test_stats_utils",
+                                 timeout_s=60).output
+        assert "FAKE-UNITTEST" in written and "SITECUSTOMIZE-RAN" in written, written
+        command = isolated_command("python3 -m unittest -q test_stats_utils")
+        assert command is not None
+        got = ws.sandbox.run(unsafe + command, timeout_s=60).output
+        assert "Ran 5 tests" in got and "FAILED" in got, got  # the real unittest, the real bug
+        assert not any(mark in got for mark in ("FAKE-UNITTEST", "SITECUSTOMIZE-RAN", "PTH-RAN"))
 
 
 @pytest.mark.e2e

@@ -185,15 +185,11 @@ class SimEngine:
             step = max(1e-9, costs.step_s(len(self.running), float(
                 np.mean([r.context for r in self.running]))))
             steps = min(r.remaining for r in self.running) if costs.context_free else 1
-            if self.waiting and len(self.running) < costs.slots:
-                # it arrived during a prefill, when no wake-up was armed: admitted at the next
-                # step boundary (waiting for a wake-up that already happened held it until the
-                # shortest running request ended, and a replica of 2 agents simulated at
-                # twice its measured time: 36.9 s against 22.7 s)
-                steps = 1
             start = self.env.now
             if len(self.running) < costs.slots:  # an arrival may be admitted at a step boundary
                 self.wake = self.env.event()
+                if self.waiting:  # it arrived during a prefill, before this wake-up was armed
+                    self.wake.succeed()
                 yield self.env.timeout(steps * step) | self.wake
                 done = min(steps, int((self.env.now - start) / step + 1e-9))
                 if done < steps:
